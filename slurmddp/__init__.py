@@ -1,0 +1,32 @@
+"""slurmddp: PyTorch distributed training on Slurm and MPI batch clusters.
+
+Importing the package is cheap (no torch); names are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "DistEnv": "slurmddp.env",
+    "EnvError": "slurmddp.env",
+    "resolve": "slurmddp.env",
+    "bootstrap": "slurmddp.bootstrap",
+    "init": "slurmddp.process_group",
+}
+
+__all__ = ["DistEnv", "EnvError", "__version__", "bootstrap", "init", "resolve"]
+
+if TYPE_CHECKING:
+    from slurmddp.bootstrap import bootstrap
+    from slurmddp.env import DistEnv, EnvError, resolve
+    from slurmddp.process_group import init
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'slurmddp' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from slurmddp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,441 @@
+"""Where this process sits in a distributed job, worked out from environment variables.
+
+`resolve` is a pure function: it reads a mapping of environment variables and returns a frozen
+`DistEnv` that records, for every field, the variable (or the rule) it came from. It performs no
+I/O and calls no Slurm command, so every rank resolves itself without a slurmctld RPC.
+
+Precedence, first match wins (rank and world size always come as a pair from one source):
+
+1. torchrun (``TORCHELASTIC_RUN_ID`` set): its RANK, LOCAL_RANK, WORLD_SIZE... as they are.
+2. torchrun-style variables set by hand (RANK and WORLD_SIZE without torchrun): launcher ``env``.
+3. An MPI launcher: Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_COMM_WORLD_*), MPICH/Intel MPI
+   Hydra (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID), PMIx (PMIX_RANK). When a Slurm step started these
+   very processes (srun --mpi=pmix|pmi2: SLURM_PROCID and the step size agree with the MPI pair)
+   the Slurm step answers instead, so both launch styles give the same values. Otherwise the Slurm
+   variables belong to someone else (mpirun inside sbatch runs its daemons as a Slurm step) and
+   are ignored.
+4. A Slurm job step (SLURM_STEP_ID and SLURM_PROCID set): the step's variables, falling back to
+   the job's only where the step's are absent.
+5. Otherwise a single process. A batch shell or an interactive salloc shell has job variables but
+   no step: it is one process, not SLURM_NTASKS of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from slurmddp import hostlist
+
+Launcher = Literal["torchrun", "env", "mpi", "slurm", "single"]
+
+# Derived master ports stay below Linux's ephemeral range (32768-60999) so that a port the kernel
+# handed to some client socket is never picked, and above most well-known services.
+PORT_BASE = 15000
+PORT_SPAN = 15000
+# Consecutive steps of one job get consecutive ports; consecutive jobs are this far apart.
+_STEPS_PER_JOB = 8
+DEFAULT_PORT = 29500  # torch's own default, for a lone process outside any job
+LOOPBACK = "127.0.0.1"
+# Plain ASCII digits only: int() would also take "1_000" or full-width digits.
+_INTEGER = re.compile(r"-?[0-9]+")
+_JOB_ID = re.compile(r"[0-9]+")
+
+
+class EnvError(ValueError):
+    """The environment describes no consistent distributed job; the message names the variables."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, and where each value came from (see `sources`)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    job_id: str | None
+    restart_count: int
+    launcher: Launcher
+    sources: Mapping[str, str] = dataclasses.field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0."""
+        return self.rank == 0
+
+    def torchrun_env(self) -> dict[str, str]:
+        """The variables torchrun would set, so a script written for torchrun runs unchanged."""
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.num_nodes),
+            "ROLE_RANK": str(self.rank),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(field, value, source) for every field, in declaration order."""
+        return [
+            (f.name, str(getattr(self, f.name)), self.sources.get(f.name, ""))
+            for f in dataclasses.fields(self)
+            if f.name != "sources"
+        ]
+
+
+class _Vars:
+    """Typed, source-recording reads of an environment mapping."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._env = environ
+
+    def has(self, *names: str) -> bool:
+        return any(n in self._env for n in names)
+
+    def first(self, *names: str) -> tuple[str, str] | None:
+        """(value, name) of the first of `names` that is set, else None."""
+        for n in names:
+            if n in self._env:
+                return self._env[n], n
+        return None
+
+    def integer(self, *names: str, minimum: int = 0) -> tuple[int, str] | None:
+        found = self.first(*names)
+        if found is None:
+            return None
+        raw, name = found
+        if not _INTEGER.fullmatch(raw.strip()):
+            raise EnvError(f"{name}={raw!r} is not an integer")
+        value = int(raw)
+        if value < minimum:
+            raise EnvError(f"{name}={raw!r} must be at least {minimum}")
+        return value, name
+
+    def pair(self, rank: str, size: str) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        """Rank and size, both or neither: half a pair is an error, never a guess."""
+        if rank not in self._env and size not in self._env:
+            return None
+        if rank not in self._env or size not in self._env:
+            have, miss = (rank, size) if rank in self._env else (size, rank)
+            raise EnvError(f"{have} is set but {miss} is not: set both or neither")
+        r = self.integer(rank)
+        s = self.integer(size, minimum=1)
+        assert r is not None and s is not None
+        return r, s
+
+
+@dataclasses.dataclass
+class _Layout:
+    """Placement fields as they are being resolved, with their sources."""
+
+    launcher: Launcher
+    rank: tuple[int, str]
+    world_size: tuple[int, str]
+    local_rank: tuple[int, str]
+    local_world_size: tuple[int, str]
+    node_rank: tuple[int, str]
+    num_nodes: tuple[int, str]
+    nodes: tuple[list[str], str] | None = None  # the hosts of this step, first one is rank 0's
+
+
+# (launcher family, rank, size, local rank, local size)
+_MPI_FAMILIES: Sequence[tuple[str, str, str, str | None, str | None]] = (
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MVAPICH2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+     "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
+    ("Hydra (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)  # fmt: skip
+
+
+def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}") -> DistEnv:
+    """Resolve this process's distributed placement from `environ` (pure; see module doc).
+
+    `master_host_format` maps the chosen master host name to the address ranks should dial,
+    e.g. ``"{host}-ib0"`` where a cluster wants its InfiniBand interface names.
+    Raises `EnvError` naming the variables when they contradict each other.
+    """
+    v = _Vars(environ)
+    layout = _from_torchrun(v) or _from_env(v) or _from_mpi(v) or _from_slurm(v) or _single()
+    _check(layout)
+
+    job = v.first("SLURM_JOB_ID", "SLURM_JOBID")
+    restart = v.integer("SLURM_RESTART_COUNT") or (0, "default")
+    addr, addr_src = _master_addr(v, layout, master_host_format)
+    port, port_src = _master_port(v, job)
+
+    sources = {
+        "rank": layout.rank[1],
+        "local_rank": layout.local_rank[1],
+        "world_size": layout.world_size[1],
+        "local_world_size": layout.local_world_size[1],
+        "node_rank": layout.node_rank[1],
+        "num_nodes": layout.num_nodes[1],
+        "master_addr": addr_src,
+        "master_port": port_src,
+        "job_id": job[1] if job else "unset",
+        "restart_count": restart[1],
+        "launcher": _LAUNCHER_RULES[layout.launcher],
+    }
+    return DistEnv(
+        rank=layout.rank[0],
+        local_rank=layout.local_rank[0],
+        world_size=layout.world_size[0],
+        local_world_size=layout.local_world_size[0],
+        node_rank=layout.node_rank[0],
+        num_nodes=layout.num_nodes[0],
+        master_addr=addr,
+        master_port=port,
+        job_id=job[0] if job else None,
+        restart_count=restart[0],
+        launcher=layout.launcher,
+        sources=types.MappingProxyType(sources),
+    )
+
+
+_LAUNCHER_RULES: Mapping[Launcher, str] = {
+    "torchrun": "rule: TORCHELASTIC_RUN_ID is set",
+    "env": "rule: RANK and WORLD_SIZE are set",
+    "mpi": "rule: an MPI launcher's rank variables are set",
+    "slurm": "rule: SLURM_STEP_ID and SLURM_PROCID are set",
+    "single": "rule: no launcher variables",
+}
+
+
+def _from_torchrun(v: _Vars) -> _Layout | None:
+    if not v.has("TORCHELASTIC_RUN_ID"):
+        return None
+    pair = v.pair("RANK", "WORLD_SIZE")
+    if pair is None:
+        raise EnvError("TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not")
+    layout = _from_torchrun_names(v, "torchrun", *pair)
+    return layout
+
+
+def _from_env(v: _Vars) -> _Layout | None:
+    pair = v.pair("RANK", "WORLD_SIZE")
+    if pair is None:
+        if v.has("LOCAL_RANK"):
+            raise EnvError("LOCAL_RANK is set but RANK and WORLD_SIZE are not: set all three")
+        return None
+    return _from_torchrun_names(v, "env", *pair)
+
+
+def _from_torchrun_names(
+    v: _Vars, launcher: Launcher, rank: tuple[int, str], size: tuple[int, str]
+) -> _Layout:
+    local_size = v.integer("LOCAL_WORLD_SIZE", minimum=1)
+    local_rank = v.integer("LOCAL_RANK")
+    if local_size is None:
+        # Without a per-node size every rank is taken to share one node.
+        local_size = (size[0], "rule: WORLD_SIZE (LOCAL_WORLD_SIZE unset)")
+    if local_rank is None:
+        local_rank = (rank[0] % local_size[0], "rule: RANK mod LOCAL_WORLD_SIZE")
+    node_rank = v.integer("GROUP_RANK") or (
+        rank[0] // local_size[0],
+        "rule: RANK // LOCAL_WORLD_SIZE",
+    )
+    num_nodes = v.integer("GROUP_WORLD_SIZE", minimum=1) or (
+        -(-size[0] // local_size[0]),
+        "rule: WORLD_SIZE / LOCAL_WORLD_SIZE",
+    )
+    return _Layout(launcher, rank, size, local_rank, local_size, node_rank, num_nodes)
+
+
+def _from_mpi(v: _Vars) -> _Layout | None:
+    found = next(
+        ((fam, pair) for fam in _MPI_FAMILIES if (pair := v.pair(fam[1], fam[2])) is not None),
+        None,
+    )
+    if found is None:
+        if not v.has("PMIX_RANK"):
+            return None
+        # PMIx publishes no world size in the environment: only a Slurm step can complete it.
+        slurm = _from_slurm(v)
+        pmix = v.integer("PMIX_RANK")
+        assert pmix is not None
+        if slurm is None or slurm.rank[0] != pmix[0]:
+            raise EnvError(
+                "PMIX_RANK is set but no launcher variable gives the world size: "
+                "set WORLD_SIZE and RANK, or launch with srun or mpirun"
+            )
+        return slurm
+    (family, rank_name, size_name, local_name, local_size_name), pair = found
+    rank, size = pair
+
+    try:
+        slurm = _from_slurm(v)
+    except EnvError:
+        slurm = None  # a broken step here belongs to mpirun's daemon, not to this rank
+    if slurm is not None and (slurm.rank[0], slurm.world_size[0]) == (rank[0], size[0]):
+        # srun's own MPI plugin (pmi2, pmix) started this very process.
+        return slurm
+
+    local_rank = v.integer(local_name) if local_name else None
+    local_size = v.integer(local_size_name, minimum=1) if local_size_name else None
+    if local_rank is None or local_size is None:
+        raise EnvError(
+            f"{family}: {rank_name} and {size_name} are set but {local_name} or "
+            f"{local_size_name} is not; set LOCAL_RANK and LOCAL_WORLD_SIZE with RANK and "
+            "WORLD_SIZE to say where this rank runs"
+        )
+    if local_size[0] == size[0]:
+        rule = "rule: all ranks on one node"
+        node_rank, num_nodes = (0, rule), (1, rule)
+    else:
+        # MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK counts processes, not nodes).
+        rule = f"rule: block placement, {local_size[1]} ranks per node"
+        node_rank = ((rank[0] - local_rank[0]) // local_size[0], rule)
+        num_nodes = (-(-size[0] // local_size[0]), rule)
+    return _Layout("mpi", rank, size, local_rank, local_size, node_rank, num_nodes)
+
+
+def _from_slurm(v: _Vars) -> _Layout | None:
+    if not (v.has("SLURM_STEP_ID", "SLURM_STEPID") and v.has("SLURM_PROCID")):
+        return None
+    rank = v.integer("SLURM_PROCID")
+    size = v.integer("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
+    local_rank = v.integer("SLURM_LOCALID")
+    node_rank = v.integer("SLURM_NODEID")
+    num_nodes = v.integer("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1)
+    missing = [
+        name
+        for name, value in (
+            ("SLURM_STEP_NUM_TASKS", size),
+            ("SLURM_LOCALID", local_rank),
+            ("SLURM_NODEID", node_rank),
+            ("SLURM_STEP_NUM_NODES", num_nodes),
+        )
+        if value is None
+    ]
+    if missing:
+        raise EnvError(f"a Slurm step is incomplete: {', '.join(missing)} unset")
+    assert rank and size and local_rank and node_rank and num_nodes
+    if node_rank[0] >= num_nodes[0]:
+        raise EnvError(f"{node_rank[1]}={node_rank[0]} is not below {num_nodes[1]}={num_nodes[0]}")
+
+    local_size = _slurm_local_size(v, node_rank, num_nodes, size)
+    nodes = None
+    nodelist = v.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    if nodelist is not None:
+        try:
+            hosts = hostlist.expand(nodelist[0])
+        except ValueError as e:
+            raise EnvError(f"{nodelist[1]}: {e}") from None
+        if len(hosts) != num_nodes[0] and nodelist[1] == "SLURM_STEP_NODELIST":
+            raise EnvError(
+                f"SLURM_STEP_NODELIST={nodelist[0]!r} names {len(hosts)} nodes but "
+                f"{num_nodes[1]}={num_nodes[0]}"
+            )
+        nodes = (hosts, nodelist[1])
+    return _Layout("slurm", rank, size, local_rank, local_size, node_rank, num_nodes, nodes)
+
+
+def _slurm_local_size(
+    v: _Vars, node_rank: tuple[int, str], num_nodes: tuple[int, str], size: tuple[int, str]
+) -> tuple[int, str]:
+    # Tasks are not spread evenly (srun -N3 -n5 gives 2,2,1), so ntasks // nnodes is wrong.
+    spec = v.first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    if spec is None:
+        if size[0] % num_nodes[0]:
+            raise EnvError(
+                f"SLURM_STEP_TASKS_PER_NODE is unset and {size[1]}={size[0]} does not divide "
+                f"evenly over {num_nodes[1]}={num_nodes[0]}"
+            )
+        return size[0] // num_nodes[0], f"rule: {size[1]} / {num_nodes[1]}"
+    try:
+        counts = hostlist.expand_tasks_per_node(spec[0])
+    except ValueError as e:
+        raise EnvError(f"{spec[1]}: {e}") from None
+    if len(counts) != num_nodes[0] or sum(counts) != size[0]:
+        raise EnvError(
+            f"{spec[1]}={spec[0]!r} disagrees with {num_nodes[1]}={num_nodes[0]} and "
+            f"{size[1]}={size[0]}"
+        )
+    return counts[node_rank[0]], f"{spec[1]}[{node_rank[1]}]"
+
+
+def _single() -> _Layout:
+    rule = "rule: single process"
+    return _Layout("single", (0, rule), (1, rule), (0, rule), (1, rule), (0, rule), (1, rule))
+
+
+def _check(layout: _Layout) -> None:
+    for value, limit in (
+        (layout.rank, layout.world_size),
+        (layout.local_rank, layout.local_world_size),
+        (layout.node_rank, layout.num_nodes),
+    ):
+        if value[0] >= limit[0]:
+            raise EnvError(f"{value[1]}={value[0]} is not below {limit[1]}={limit[0]}")
+    if layout.local_world_size[0] > layout.world_size[0]:
+        raise EnvError(
+            f"{layout.local_world_size[1]}={layout.local_world_size[0]} exceeds "
+            f"{layout.world_size[1]}={layout.world_size[0]}"
+        )
+
+
+def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]:
+    given = v.first("MASTER_ADDR")
+    if given is not None and given[0].strip():
+        return given[0].strip(), "MASTER_ADDR"
+    if layout.world_size[0] == 1 or (layout.num_nodes[0] == 1 and layout.launcher != "slurm"):
+        return LOOPBACK, "rule: all ranks on one node"
+    if layout.nodes is not None:
+        host = layout.nodes[0][0]
+        source = f"rule: first host of {layout.nodes[1]}"
+    elif layout.launcher == "mpi" and (job := v.first("SLURM_JOB_NODELIST", "SLURM_NODELIST")):
+        # mpirun runs on the batch host, the allocation's first node, and puts rank 0 there.
+        try:
+            host = hostlist.expand(job[0])[0]
+        except (ValueError, IndexError):
+            raise EnvError(f"{job[1]}={job[0]!r} is not a usable node list") from None
+        source = f"rule: first host of {job[1]} (mpirun inside an allocation)"
+    else:
+        raise EnvError(
+            f"cannot tell rank 0's host for {layout.launcher} with {layout.num_nodes[0]} nodes: "
+            "set MASTER_ADDR"
+        )
+    try:
+        return host_format.format(host=host), f"{source}, formatted {host_format!r}"
+    except (KeyError, IndexError, ValueError) as e:
+        raise EnvError(f"master host format {host_format!r} is invalid: {e}") from None
+
+
+def _master_port(v: _Vars, job: tuple[str, str] | None) -> tuple[int, str]:
+    given = v.integer("MASTER_PORT", minimum=1)
+    if given is not None:
+        if given[0] > 65535:
+            raise EnvError(f"MASTER_PORT={given[0]} is not a TCP port (1-65535)")
+        return given
+    if job is None:
+        return DEFAULT_PORT, "default"
+    if not _JOB_ID.fullmatch(job[0]):
+        raise EnvError(f"{job[1]}={job[0]!r} is not a numeric Slurm job id")
+    job_id = int(job[0])
+    step = v.integer("SLURM_STEP_ID", "SLURM_STEPID")
+    step_id = step[0] if step else 0
+    return derive_port(job_id, step_id), f"rule: derived from {job[1]} and step id"
+
+
+def derive_port(job_id: int, step_id: int = 0) -> int:
+    """A master port for a job step: the same on every rank, different for nearby jobs and steps.
+
+    Two jobs collide only when their ids differ by a multiple of PORT_SPAN / 8 and their step
+    ids agree modulo 8.
+    """
+    return PORT_BASE + (job_id * _STEPS_PER_JOB + step_id % _STEPS_PER_JOB) % PORT_SPAN

@@ -1,0 +1,72 @@
+"""`slurmddp.init`: bootstrap, pick the device, initialise torch.distributed once."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from slurmddp import placement
+from slurmddp.bootstrap import bootstrap
+from slurmddp.env import DistEnv
+
+_placement: placement.Placement | None = None
+
+
+def init(
+    backend: str = "auto",
+    timeout: float | datetime.timedelta | None = None,
+    *,
+    master_host_format: str | None = None,
+) -> DistEnv:
+    """Resolve this rank, export torchrun's variables, set the device and join the process group.
+
+    `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi. `timeout` (seconds or a
+    timedelta) bounds start-up and every collective; None keeps torch's default. Calling it
+    again returns the same `DistEnv` without touching the existing group.
+    """
+    import torch
+    import torch.distributed as td
+
+    dist = bootstrap(master_host_format=master_host_format)
+    if td.is_initialized():
+        return dist
+
+    chosen = placement.choose(
+        backend,
+        local_rank=dist.local_rank,
+        local_world_size=dist.local_world_size,
+        cuda_device_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        nccl_available=td.is_nccl_available(),
+        mpi_available=td.is_mpi_available(),
+    )
+    kwargs: dict = {}
+    if timeout is not None:
+        kwargs["timeout"] = (
+            timeout
+            if isinstance(timeout, datetime.timedelta)
+            else datetime.timedelta(seconds=timeout)
+        )
+    global _placement
+    _placement = chosen
+    if chosen.cuda_index is not None:
+        torch.cuda.set_device(chosen.cuda_index)
+    if chosen.backend == "nccl":
+        # Binding the device eagerly lets NCCL build its communicator at init, not first use.
+        kwargs["device_id"] = torch.device(chosen.device)
+    if chosen.backend == "mpi":
+        td.init_process_group("mpi", **kwargs)  # MPI knows rank and size itself
+    else:
+        td.init_process_group(
+            chosen.backend,
+            init_method="env://",
+            rank=dist.rank,
+            world_size=dist.world_size,
+            **kwargs,
+        )
+    return dist
+
+
+def device() -> str:
+    """This rank's device as chosen by `init` ("cpu" or "cuda:N"); "cpu" before `init`."""
+    return _placement.device if _placement is not None else "cpu"

@@ -1,0 +1,109 @@
+"""``python -m slurmddp.run [options] SCRIPT [ARGS...]`` (or ``-m MODULE [ARGS...]``).
+
+Resolves this rank from the SLURM_*, MPI or torchrun variables, exports the torchrun names
+(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), then runs
+the script as ``__main__`` in this same process with its own argv, and exits with its status.
+A script written for torchrun runs unchanged::
+
+    srun -N4 --ntasks-per-node=2 python -m slurmddp.run train.py --lr 0.1
+    mpirun -np 4 python -m slurmddp.run train.py
+
+Everything after SCRIPT (or after ``-m MODULE``) belongs to the script, verbatim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+from slurmddp.bootstrap import MASTER_HOST_FORMAT_VAR, bootstrap
+from slurmddp.env import EnvError
+from slurmddp.errors import fail
+
+PROG = "python -m slurmddp.run"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The runner's own options (those before SCRIPT)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        usage=f"{prog} [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+        description="Run a torchrun-style training script on this rank of a Slurm, MPI or "
+        "torchrun job.",
+    )
+    p.add_argument(
+        "--tag-output",
+        action="store_true",
+        help="prefix every line the script prints with [rank/world_size]",
+    )
+    p.add_argument(
+        "--master-host-format",
+        metavar="FMT",
+        help="address other ranks dial for rank 0's host, e.g. '{host}-ib0' "
+        f"(default: ${MASTER_HOST_FORMAT_VAR} or '{{host}}')",
+    )
+    p.add_argument(
+        "--print-env",
+        action="store_true",
+        help="print the resolved values and their sources to stderr before running",
+    )
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    return p
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at SCRIPT (or at -m MODULE): runner options before, the script's argv after."""
+    takes_value = {"--master-host-format"}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return list(argv[: i + 2]), list(argv[i + 2 :])
+        if arg == "--":
+            return list(argv[:i]), list(argv[i + 1 :])
+        if not arg.startswith("-"):
+            return list(argv[:i]), list(argv[i:])
+        i += 2 if arg in takes_value else 1
+    return list(argv), []
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Entry point; returns the exit status (the script's own, via SystemExit)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(prog)
+    own, rest = split_argv(argv)
+    opts = parser.parse_args(own)
+    if opts.module is None and not rest:
+        parser.error("give a SCRIPT to run, or -m MODULE")
+    if opts.module is None and not os.path.isfile(rest[0]):
+        fail(f"script {rest[0]!r} not found: give the path of a Python file", prog=prog)
+
+    try:
+        dist = bootstrap(master_host_format=opts.master_host_format)
+    except EnvError as e:
+        fail(f"cannot resolve this rank: {e}", prog=prog)
+    if opts.print_env:
+        for name, value, source in dist.rows():
+            print(f"{name:>16} = {value:<20} ({source})", file=sys.stderr)
+    if opts.tag_output:
+        from slurmddp.output import prefix_output
+
+        prefix_output(dist.rank, dist.world_size)
+
+    if opts.module is not None:
+        sys.argv = [opts.module, *rest]
+        runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
+    else:
+        script = rest[0]
+        sys.argv = list(rest)
+        # As `python script.py` does: the script's own directory comes first on sys.path.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Shared fixtures. `slurm_cluster` brings up the real local Slurm cluster once per session."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_SCRIPT = ROOT / "scripts" / "slurm-cluster"
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+# Variables of any launcher this test process may itself run under; a step we start must not
+# inherit them.
+_LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "OMPI_", "PMI", "MV2_", "TORCHELASTIC_", "MPI_LOCAL")
+_TORCHRUN_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                   "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                   "MASTER_PORT")  # fmt: skip
+
+
+def launcher_free_env(**extra: str) -> dict[str, str]:
+    """os.environ without launcher variables, plus `extra`."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_LAUNCHER_PREFIXES) and k not in _TORCHRUN_NAMES
+    }
+    return env | extra
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The running local cluster: where its config lives, and helpers to run steps on it."""
+
+    slurm_conf: str
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return launcher_free_env(SLURM_CONF=self.slurm_conf, **extra)
+
+    def run(self, argv: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+        """Run a Slurm client command (srun, sbatch, scontrol...) and capture its output."""
+        return subprocess.run(
+            argv, env=kw.pop("env", None) or self.env(), capture_output=True, text=True,
+            timeout=timeout, cwd=kw.pop("cwd", ROOT), **kw,
+        )  # fmt: skip
+
+    def srun(self, srun_args: list[str], command: list[str], **kw) -> subprocess.CompletedProcess:
+        return self.run(["srun", "--kill-on-bad-exit=1", *srun_args, *command], **kw)
+
+
+def tagged_json(stdout: str, tag: str) -> list[dict]:
+    """The JSON payloads of every output line that starts with `tag`."""
+    return [json.loads(line.split(tag, 1)[1]) for line in stdout.splitlines() if tag in line]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Cluster:
+    """The real four-node cluster of scripts/slurm-cluster; a failure to start fails the test."""
+    up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        pytest.fail(f"the local Slurm cluster did not come up:\n{up.stdout}\n{up.stderr}")
+    env_out = subprocess.run([str(CLUSTER_SCRIPT), "env"], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    conf = env_out.strip().split("SLURM_CONF=", 1)[1].strip().strip("'\"")
+    return Cluster(slurm_conf=conf)
+
+
+@pytest.fixture(scope="session")
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,29 @@
+"""Print what this rank sees as one JSON line, after a gloo all_reduce across the job.
+
+Written for torchrun (env://), as a user's script would be.
+"""
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+         "MASTER_PORT", "SLURMD_NODENAME", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")  # fmt: skip
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print("PROBE " + json.dumps({
+    "env": {k: os.environ.get(k) for k in NAMES},
+    "rank": dist.get_rank(),
+    "world_size": dist.get_world_size(),
+    "all_reduce": t.item(),
+    "host": socket.gethostname(),
+    "argv": sys.argv[1:],
+    "name": __name__,
+}), flush=True)  # fmt: skip
+dist.destroy_process_group()

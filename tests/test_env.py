@@ -1,0 +1,330 @@
+"""Unit tables for slurmddp.env.resolve: every launcher's variables, the known traps, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmddp.env import PORT_BASE, PORT_SPAN, DistEnv, EnvError, derive_port, resolve
+from tests.fake_env import block_position, srun_env
+
+
+def placement(d: DistEnv) -> tuple[int, int, int, int, int, int]:
+    return d.rank, d.local_rank, d.world_size, d.local_world_size, d.node_rank, d.num_nodes
+
+
+# --- single process and job shells -------------------------------------------------------------
+
+
+def test_empty_environment_is_a_single_process():
+    d = resolve({})
+    assert placement(d) == (0, 0, 1, 1, 0, 1)
+    assert (d.launcher, d.master_addr, d.master_port, d.job_id, d.restart_count) == (
+        "single",
+        "127.0.0.1",
+        29500,
+        None,
+        0,
+    )
+    assert d.sources["rank"] == "rule: single process"
+
+
+def test_salloc_shell_has_job_variables_but_no_step_so_it_is_one_process():
+    env = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_NTASKS": "8",
+        "SLURM_NNODES": "4",
+        "SLURM_JOB_NODELIST": "n[1-4]",
+        "SLURM_TASKS_PER_NODE": "2(x4)",
+    }
+    d = resolve(env)
+    assert placement(d) == (0, 0, 1, 1, 0, 1)
+    assert d.launcher == "single"
+    assert d.job_id == "77"
+    assert d.master_port == derive_port(77, 0)
+
+
+def test_batch_shell_procid_without_step_is_one_process():
+    # The batch shell carries SLURM_PROCID=0 and the job's counts, but it is not a step.
+    env = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2"}
+    assert resolve(env).launcher == "single"
+
+
+# --- Slurm steps -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [[2, 2, 2, 2], [2, 2, 1], [4, 2, 1, 1], [1], [3], [1, 1, 1, 1, 1]],
+    ids=lambda t: "x".join(map(str, t)),
+)
+def test_srun_every_rank_gets_its_place(layout):
+    world = sum(layout)
+    seen = []
+    for rank in range(world):
+        d = resolve(srun_env(rank, layout))
+        node, local = block_position(rank, layout)
+        assert placement(d) == (rank, local, world, layout[node], node, len(layout))
+        assert d.launcher == "slurm"
+        assert d.master_addr == ("n1" if world > 1 else "127.0.0.1")
+        seen.append((d.master_addr, d.master_port))
+    assert len(set(seen)) == 1, "every rank must dial the same master"
+
+
+def test_uneven_tasks_per_node_is_not_ntasks_over_nnodes():
+    # srun -N3 -n5: 2,2,1. ntasks // nnodes would say 1 everywhere.
+    d = resolve(srun_env(4, [2, 2, 1], spec="2(x2),1"))
+    assert (d.node_rank, d.local_rank, d.local_world_size) == (2, 0, 1)
+    assert d.sources["local_world_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
+    d = resolve(srun_env(1, [2, 2, 1], spec="2(x2),1"))
+    assert d.local_world_size == 2
+
+
+def test_step_nodelist_wins_over_the_batch_shells_nodelist():
+    env = srun_env(0, [1, 1], nodes=["n3", "n4"])
+    env["SLURM_JOB_NODELIST"] = env["SLURM_NODELIST"] = "n[1-4]"
+    env["SLURM_JOB_NUM_NODES"] = env["SLURM_NNODES"] = "4"
+    d = resolve(env)
+    assert d.master_addr == "n3"
+    assert d.num_nodes == 2
+    assert d.sources["master_addr"].startswith("rule: first host of SLURM_STEP_NODELIST")
+
+
+def test_job_variables_are_the_fallback_when_step_ones_are_absent():
+    env = srun_env(3, [2, 2])
+    for name in ("SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST",
+                 "SLURM_STEP_TASKS_PER_NODE"):  # fmt: skip
+        del env[name]
+    d = resolve(env)
+    assert placement(d) == (3, 1, 4, 2, 1, 2)
+    assert d.sources["world_size"] == "SLURM_NTASKS"
+    assert d.sources["local_world_size"] == "SLURM_TASKS_PER_NODE[SLURM_NODEID]"
+    assert d.master_addr == "n1"
+
+
+def test_explicit_master_addr_and_port_win():
+    env = srun_env(1, [2]) | {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "12345"}
+    d = resolve(env)
+    assert (d.master_addr, d.master_port) == ("10.0.0.7", 12345)
+    assert (d.sources["master_addr"], d.sources["master_port"]) == ("MASTER_ADDR", "MASTER_PORT")
+
+
+def test_master_host_format_maps_the_host_to_an_interface_name():
+    d = resolve(srun_env(0, [1, 1], nodes=["gpu001", "gpu002"]), master_host_format="{host}-ib0")
+    assert d.master_addr == "gpu001-ib0"
+
+
+def test_restart_count_and_job_id_come_from_slurm():
+    d = resolve(srun_env(0, [1]) | {"SLURM_RESTART_COUNT": "3"})
+    assert (d.restart_count, d.job_id) == (3, "4242")
+    assert d.sources["restart_count"] == "SLURM_RESTART_COUNT"
+
+
+def test_two_steps_of_one_job_get_different_ports():
+    a = resolve(srun_env(0, [2], step=0)).master_port
+    b = resolve(srun_env(0, [2], step=1)).master_port
+    assert a != b
+
+
+def test_derived_ports_are_outside_the_ephemeral_range_and_differ_for_nearby_jobs():
+    ports = {derive_port(job, step) for job in range(1000, 1100) for step in range(8)}
+    assert len(ports) == 800
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN <= 32768 for p in ports)
+
+
+# --- torchrun and hand-set env:// --------------------------------------------------------------
+
+
+def torchrun_env(rank: int, local: int, world: int, local_world: int, group: int, groups: int):
+    return {
+        "TORCHELASTIC_RUN_ID": "abc",
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(group),
+        "GROUP_WORLD_SIZE": str(groups),
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29400",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
+
+
+def test_torchrun_wins_over_the_slurm_step_of_its_agent():
+    # srun -N2 --ntasks-per-node=1 torchrun --nproc-per-node=2: the agent's step says 2 tasks.
+    env = srun_env(1, [1, 1]) | torchrun_env(3, 1, 4, 2, 1, 2)
+    d = resolve(env)
+    assert placement(d) == (3, 1, 4, 2, 1, 2)
+    assert d.launcher == "torchrun"
+    assert (d.master_addr, d.master_port) == ("n1", 29400)
+    assert d.sources["node_rank"] == "GROUP_RANK"
+
+
+def test_hand_set_env_variables_are_launcher_env():
+    d = resolve({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
+    assert placement(d) == (1, 1, 2, 2, 0, 1)
+    assert d.launcher == "env"
+
+
+def test_exported_variables_resolve_to_the_same_place():
+    # A child of a bootstrapped rank sees the exported torchrun names: same answer.
+    first = resolve(srun_env(5, [4, 2, 1, 1]))
+    again = resolve(first.torchrun_env())
+    assert placement(again) == placement(first)
+    assert (again.master_addr, again.master_port) == (first.master_addr, first.master_port)
+
+
+# --- MPI launchers -----------------------------------------------------------------------------
+
+
+def ompi_env(rank: int, world: int, local: int, local_world: int) -> dict[str, str]:
+    return {
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(world),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_world),
+        # Not the node index: Open MPI's NODE_RANK counts processes on the node.
+        "OMPI_COMM_WORLD_NODE_RANK": str(local),
+        "PMIX_RANK": str(rank),
+    }
+
+
+def test_open_mpi_on_one_host():
+    d = resolve(ompi_env(2, 4, 2, 4))
+    assert placement(d) == (2, 2, 4, 4, 0, 1)
+    assert (d.launcher, d.master_addr) == ("mpi", "127.0.0.1")
+    assert d.sources["rank"] == "OMPI_COMM_WORLD_RANK"
+
+
+def test_mpirun_inside_sbatch_ignores_the_daemons_slurm_step():
+    # mpirun starts its remote daemons with srun: ranks on the second node inherit the daemon's
+    # SLURM_PROCID=0 of a one-task step. Those are not the rank's.
+    daemon = srun_env(0, [1], nodes=["n2"], step=0)
+    daemon |= {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODELIST": "n[1-2]"}
+    d = resolve(daemon | ompi_env(3, 4, 1, 2))
+    assert placement(d) == (3, 1, 4, 2, 1, 2)
+    assert d.launcher == "mpi"
+    assert d.master_addr == "n1"
+    assert "mpirun inside an allocation" in d.sources["master_addr"]
+
+
+def test_mpich_hydra():
+    env = {"PMI_RANK": "1", "PMI_SIZE": "3", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "3"}
+    d = resolve(env | {"PMI_FD": "5"})
+    assert placement(d) == (1, 1, 3, 3, 0, 1)
+    assert d.sources["local_rank"] == "MPI_LOCALRANKID"
+
+
+def test_mvapich2():
+    env = {
+        "MV2_COMM_WORLD_RANK": "5",
+        "MV2_COMM_WORLD_SIZE": "8",
+        "MV2_COMM_WORLD_LOCAL_RANK": "1",
+        "MV2_COMM_WORLD_LOCAL_SIZE": "4",
+        "MASTER_ADDR": "head",
+    }
+    d = resolve(env)
+    assert placement(d) == (5, 1, 8, 4, 1, 2)
+    assert d.sources["node_rank"].startswith("rule: block placement")
+
+
+def test_intel_mpi_uses_hydra_names():
+    env = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
+           "I_MPI_ROOT": "/opt/intel/mpi"}  # fmt: skip
+    assert placement(resolve(env)) == (0, 0, 2, 2, 0, 1)
+
+
+@pytest.mark.parametrize("plugin", ["pmi2", "pmix"])
+def test_srun_mpi_plugins_give_the_same_answer_as_plain_srun(plugin):
+    layout = [2, 2]
+    for rank in range(4):
+        plain = resolve(srun_env(rank, layout))
+        extra = (
+            {"PMI_RANK": str(rank), "PMI_SIZE": "4", "PMI_FD": "9"}
+            if plugin == "pmi2"
+            else {"PMIX_RANK": str(rank), "PMIX_NAMESPACE": "slurm.pmix.4242.0"}
+        )
+        with_mpi = resolve(srun_env(rank, layout) | extra)
+        assert placement(with_mpi) == placement(plain)
+        assert (with_mpi.master_addr, with_mpi.master_port) == (
+            plain.master_addr,
+            plain.master_port,
+        )
+
+
+# --- bad input: always an error naming the variables ------------------------------------------
+
+
+BAD = [
+    ({"RANK": "0"}, "RANK is set but WORLD_SIZE is not"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not"),
+    ({"LOCAL_RANK": "0"}, "LOCAL_RANK"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' must be at least 0"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be at least 1"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=3"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 exceeds"),
+    ({"TORCHELASTIC_RUN_ID": "x"}, "TORCHELASTIC_RUN_ID is set but RANK"),
+    ({"OMPI_COMM_WORLD_RANK": "1"}, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE"),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ({"PMI_SIZE": "4"}, "PMI_SIZE is set but PMI_RANK is not"),
+    ({"PMIX_RANK": "0"}, "PMIX_RANK is set but no launcher variable gives the world size"),
+    (ompi_env(4, 4, 0, 1), "OMPI_COMM_WORLD_RANK=4 is not below OMPI_COMM_WORLD_SIZE=4"),
+    (ompi_env(3, 4, 1, 2), "set MASTER_ADDR"),
+    (srun_env(0, [2]) | {"SLURM_PROCID": "zero"}, "SLURM_PROCID='zero' is not an integer"),
+    (
+        srun_env(0, [2]) | {"SLURM_PROCID": "2"},
+        "SLURM_PROCID=2 is not below SLURM_STEP_NUM_TASKS=2",
+    ),
+    (srun_env(0, [2, 2]) | {"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is not below"),
+    (srun_env(0, [2, 2]) | {"SLURM_STEP_TASKS_PER_NODE": "3,2"}, "disagrees with"),
+    (srun_env(0, [2, 2]) | {"SLURM_STEP_TASKS_PER_NODE": "2(x"}, "SLURM_STEP_TASKS_PER_NODE"),
+    (srun_env(0, [2, 2]) | {"SLURM_STEP_NODELIST": "n[1-"}, "SLURM_STEP_NODELIST"),
+    (srun_env(0, [2, 2]) | {"SLURM_STEP_NODELIST": "n[1-3]"}, "names 3 nodes"),
+    ({k: v for k, v in srun_env(0, [2]).items() if k != "SLURM_LOCALID"}, "SLURM_LOCALID unset"),
+    (srun_env(0, [2]) | {"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
+    (srun_env(0, [2]) | {"MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
+    (srun_env(0, [2]) | {"SLURM_JOB_ID": "12_3"}, "not a numeric Slurm job id"),
+    (srun_env(0, [2]) | {"SLURM_RESTART_COUNT": "-2"}, "SLURM_RESTART_COUNT='-2'"),
+]
+
+
+@pytest.mark.parametrize(("environ", "message"), BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_an_error_that_names_it(environ, message):
+    with pytest.raises(EnvError, match=None) as info:
+        resolve(environ)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_master_host_format_is_an_error():
+    with pytest.raises(EnvError, match="master host format"):
+        resolve(srun_env(0, [1, 1]), master_host_format="{hots}")
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=8))
+def test_every_srun_layout_resolves_to_a_consistent_job(layout):
+    envs = [resolve(srun_env(r, layout)) for r in range(sum(layout))]
+    assert sorted(d.rank for d in envs) == list(range(sum(layout)))
+    for node, count in enumerate(layout):
+        on_node = [d for d in envs if d.node_rank == node]
+        assert sorted(d.local_rank for d in on_node) == list(range(count))
+        assert {d.local_world_size for d in on_node} == {count}
+    assert len({(d.master_addr, d.master_port, d.world_size, d.num_nodes) for d in envs}) == 1
+
+
+def test_distenv_is_frozen_and_sources_cover_every_field():
+    d = resolve(srun_env(0, [2]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.rank = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        d.sources["rank"] = "x"  # type: ignore[index]
+    assert {name for name, _, _ in d.rows()} == set(d.sources)

@@ -1,0 +1,165 @@
+"""`python -m slurmddp.run` as a user runs it: a real subprocess, a fake Slurm step environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.fake_env import srun_env
+
+SHOW = textwrap.dedent(
+    """
+    import json, os, sys
+    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    print(json.dumps({"env": {n: os.environ.get(n) for n in names}, "argv": sys.argv,
+                      "name": __name__, "torch_imported": "torch" in sys.modules,
+                      "path0": sys.path[0]}))
+    """
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any launcher variable, plus `extra`."""
+    drop = ("SLURM", "OMPI_", "PMI", "MV2_", "TORCHELASTIC", "MPI_LOCAL")
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "GROUP_RANK"):  # fmt: skip
+        keep.pop(k, None)
+    return keep | extra
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "slurmddp.run", *args],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def show(tmp_path: Path) -> Path:
+    p = tmp_path / "show.py"
+    p.write_text(SHOW)
+    return p
+
+
+def test_exports_torchrun_names_and_runs_the_script_as_main(show):
+    r = run([str(show), "--lr", "0.1"], clean_env(**srun_env(3, [2, 2], nodes=["a1", "a2"])))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["env"] == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "a1",
+        "MASTER_PORT": out["env"]["MASTER_PORT"],
+    }  # fmt: skip
+    assert out["argv"] == [str(show), "--lr", "0.1"]
+    assert out["name"] == "__main__"
+    assert out["path0"] == str(show.parent)
+    assert out["torch_imported"] is False, "the runner must not import torch for the script"
+
+
+HOSTILE = ["a b", "it's", '"q"', "$(touch pwned)", "`id`", "x;y", "new\nline", "é✓", "", "--"]
+
+
+def test_script_arguments_arrive_verbatim(show, tmp_path):
+    r = run([str(show), *HOSTILE], clean_env(), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["argv"][1:] == HOSTILE
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_module_form(tmp_path):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "train.py").write_text(SHOW)
+    env = clean_env(PYTHONPATH=str(tmp_path), RANK="1", WORLD_SIZE="2", MASTER_ADDR="h")
+    r = run(["-m", "mypkg.train", "--epochs", "2"], env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["name"] == "__main__"
+    assert out["argv"][1:] == ["--epochs", "2"]
+    assert out["env"]["RANK"] == "1"
+
+
+@pytest.mark.parametrize(("body", "status"), [("raise SystemExit(7)", 7), ("pass", 0),
+                                              ("raise ValueError('boom')", 1)])  # fmt: skip
+def test_exit_status_is_the_scripts(tmp_path, body, status):
+    p = tmp_path / "s.py"
+    p.write_text(body + "\n")
+    r = run([str(p)], clean_env())
+    assert r.returncode == status
+    if status == 1:
+        assert "ValueError: boom" in r.stderr  # the user's own traceback is kept
+
+
+def test_missing_script_is_a_one_line_error(tmp_path):
+    r = run([str(tmp_path / "nope.py")], clean_env())
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "nope.py" in r.stderr and "not found" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_inconsistent_environment_is_a_one_line_error(show):
+    r = run([str(show)], clean_env(RANK="4", WORLD_SIZE="4"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "python -m slurmddp.run: error: cannot resolve this rank: RANK=4 is not below WORLD_SIZE=4"
+    )
+
+
+def test_tag_output_prefixes_each_line(tmp_path):
+    p = tmp_path / "p.py"
+    p.write_text("import sys\nprint('one')\nprint('two')\nprint('err', file=sys.stderr)\n")
+    r = run(["--tag-output", str(p)], clean_env(**srun_env(5, [4, 4])))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[5/8] one\n[5/8] two\n"
+    assert r.stderr == "[5/8] err\n"
+
+
+def test_runner_options_before_the_script_only(show):
+    # An option after SCRIPT is the script's even when the runner has one of that name.
+    r = run([str(show), "--tag-output", "-m", "x"], clean_env())
+    assert json.loads(r.stdout)["argv"][1:] == ["--tag-output", "-m", "x"]
+
+
+def test_no_slurm_command_is_called_per_rank(show, tmp_path):
+    """Bootstrap never calls scontrol (or any slurmctld client): decoys on PATH record calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("scontrol", "squeue", "sinfo", "sacct", "srun", "sbatch", "sstat"):
+        decoy = bin_dir / tool
+        decoy.write_text(f'#!/bin/sh\necho {tool} "$@" >> {calls}\nexit 1\n')
+        decoy.chmod(0o755)
+    env = clean_env(**srun_env(1, [2, 2])) | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = run(["--print-env", str(show)], env)
+    assert r.returncode == 0, r.stderr
+    assert not calls.exists(), calls.read_text()
+
+
+def test_slurmddp_run_subcommand_is_the_same_runner(show):
+    r = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "run", str(show), "x"],
+        env=clean_env(RANK="0", WORLD_SIZE="1"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["argv"][1:] == ["x"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["run", "--help"], ["doctor"]])
+def test_cli_never_imports_torch(argv):
+    code = (
+        "import sys\nfrom slurmddp.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print('TORCH', 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert "TORCH False" in r.stdout, r.stdout + r.stderr
