@@ -222,8 +222,7 @@ def _from_torchrun(v: _Vars) -> _Layout | None:
     pair = v.pair("RANK", "WORLD_SIZE")
     if pair is None:
         raise EnvError("TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not")
-    layout = _from_torchrun_names(v, "torchrun", *pair)
-    return layout
+    return _from_torchrun_names(v, "torchrun", *pair)
 
 
 def _from_env(v: _Vars) -> _Layout | None:
