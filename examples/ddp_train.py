@@ -54,6 +54,9 @@ def main() -> None:
     if rank == 0:
         print(f"trained {args.steps} steps on {world} ranks, final loss {loss.item():.4f}, "
               f"parameters identical on all ranks: {identical}", flush=True)  # fmt: skip
+    # Leave together: a rank that tears its connections down while another is still finishing
+    # the last collective makes that one abort ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
     raise SystemExit(0 if identical else 1)
 

@@ -1,50 +1,85 @@
 """The ``slurmddp`` command. Subcommands import their modules lazily: ``--help`` stays fast and
-never imports torch."""
+``submit`` never imports torch."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from slurmddp import __version__
+from slurmddp.errors import fail
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="slurmddp",
-        description="PyTorch distributed training on Slurm and MPI clusters.",
-    )
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``PROG: error: what was wrong``, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see {self.prog} --help)", prog=self.prog)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from slurmddp import cli_jobs, cli_submit, doctor
+
+    p = Parser(prog="slurmddp", description="PyTorch distributed training on Slurm and MPI.")
     p.add_argument("--version", action="version", version=f"slurmddp {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
-    sub.add_parser(
-        "run",
-        help="run a torchrun-style script on this rank (same as python -m slurmddp.run)",
-        add_help=False,
-    )
-    doctor = sub.add_parser(
-        "doctor", help="show this rank's resolved values; --check tests the collectives"
-    )
-    from slurmddp import doctor as doctor_mod
-
-    doctor_mod.add_arguments(doctor)
-    return p
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    commands = {
+        "submit": sub.add_parser(
+            "submit", help="submit SCRIPT [ARGS...] as a distributed job (or run it --local)",
+            usage="slurmddp submit [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+        ),
+        "template": sub.add_parser(
+            "template", help="write the sbatch script for SCRIPT, to submit with sbatch yourself",
+            usage="slurmddp template [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
+        ),
+        "status": sub.add_parser("status", help="state of submitted jobs"),
+        "logs": sub.add_parser("logs", help="a rank's log of a submitted job"),
+        "cancel": sub.add_parser("cancel", help="cancel submitted jobs"),
+        "profiles": sub.add_parser("profiles", help="list cluster profiles, with sources"),
+        "doctor": sub.add_parser(
+            "doctor", help="show this rank's resolved values; --check tests the collectives"
+        ),
+        "run": sub.add_parser(
+            "run", add_help=False,
+            help="run a torchrun-style script on this rank (same as python -m slurmddp.run)",
+        ),
+    }  # fmt: skip
+    cli_submit.add_arguments(commands["submit"], submitting=True)
+    cli_submit.add_arguments(commands["template"], submitting=False)
+    cli_jobs.add_status(commands["status"])
+    cli_jobs.add_logs(commands["logs"])
+    cli_jobs.add_cancel(commands["cancel"])
+    cli_jobs.add_profiles(commands["profiles"])
+    doctor.add_arguments(commands["doctor"])
+    return p, commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:
+    command = argv[0] if argv else None
+    if command == "run":
         # The runner's argv is split by hand: everything after SCRIPT is the script's.
         from slurmddp import run
 
         return run.main(argv[1:], prog="slurmddp run")
-    parser = build_parser()
+    parser, commands = build_parser()
+    if command in ("submit", "template"):
+        from slurmddp import cli_submit
+
+        handler = cli_submit.main_submit if command == "submit" else cli_submit.main_template
+        return handler(argv[1:], commands[command])
     opts = parser.parse_args(argv)
+    opts.prog = f"slurmddp {opts.command}" if opts.command else "slurmddp"
     if opts.command == "doctor":
         from slurmddp import doctor
 
         return doctor.main(opts)
+    if opts.command in ("status", "logs", "cancel", "profiles"):
+        from slurmddp import cli_jobs
+
+        return getattr(cli_jobs, opts.command)(opts)
     parser.print_help()
     return 2
 

@@ -63,6 +63,7 @@ from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from slurmddp.jobspec import LAUNCHERS
 from slurmddp.placement import BACKENDS
 
 if sys.version_info >= (3, 11):
@@ -76,7 +77,6 @@ PROJECT_FILE = "slurmddp.toml"
 PYPROJECT_FILE = "pyproject.toml"
 PROFILES_VARIABLE = "SLURMDDP_PROFILES"
 USER_FILE = Path("slurmddp", "profiles.toml")  # under $XDG_CONFIG_HOME or ~/.config
-LAUNCHERS = ("srun", "torchrun")
 
 # Option keys in display order; a profile may set any of them, and so may a file's top level.
 OPTIONS = (

@@ -26,4 +26,5 @@ print("PROBE " + json.dumps({
     "argv": sys.argv[1:],
     "name": __name__,
 }), flush=True)  # fmt: skip
+dist.barrier()  # leave together (see examples/ddp_train.py)
 dist.destroy_process_group()

@@ -1,0 +1,93 @@
+"""``slurmddp status|logs|cancel|profiles``: the jobs this user submitted, and the profiles."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from slurmddp import jobs
+from slurmddp.errors import fail
+
+
+def add_status(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", nargs="*", help="job ids (default: the 20 most recent)")
+
+
+def add_logs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", help="job id")
+    p.add_argument("--rank", type=int, default=0, help="whose log (default 0)")
+    p.add_argument("--follow", action="store_true", help="keep printing until the job ends")
+
+
+def add_cancel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", nargs="+", help="job ids")
+
+
+def add_profiles(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", help="also show the settings this profile gives, with sources")
+
+
+def status(opts: argparse.Namespace) -> int:
+    records = [_record(j, opts.prog) for j in opts.job] if opts.job else jobs.recorded()[-20:]
+    if not records:
+        print("no jobs submitted yet")
+        return 0
+    current = jobs.states(records)
+    print(f"{'JOB':>10}  {'STATE':<12} {'ENGINE':<6} {'NAME':<20} DIRECTORY")
+    for r in records:
+        print(f"{r.job_id:>10}  {current[r.job_id]:<12} {r.engine:<6} {r.name:<20} {r.folder}")
+    return 0
+
+
+def logs(opts: argparse.Namespace) -> int:
+    record = _record(opts.job, opts.prog)
+    if not 0 <= opts.rank < record.tasks:
+        fail(f"job {record.job_id} has ranks 0..{record.tasks - 1}, not {opts.rank}",
+             prog=opts.prog)  # fmt: skip
+    path = record.log(opts.rank)
+    if opts.follow:
+        followed = jobs.JobRecord(**{**record.__dict__, "log_pattern": str(path)})
+        jobs.follow(followed, lambda: jobs.states([record])[record.job_id], sys.stdout)
+        return 0
+    if not path.exists():
+        fail(f"no log yet at {path}: the job may still be pending", prog=opts.prog, status=1)
+    sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))
+    return 0
+
+
+def cancel(opts: argparse.Namespace) -> int:
+    records = [_record(j, opts.prog) for j in opts.job]
+    slurm = [r.job_id for r in records if r.engine == "slurm"]
+    if slurm:
+        done = subprocess.run(["scancel", *slurm], capture_output=True, text=True)
+        if done.returncode != 0:
+            fail(f"scancel failed: {done.stderr.strip()}", prog=opts.prog, status=1)
+    for r in records:
+        if r.engine == "local" and jobs.local_state(r) == "RUNNING":
+            os.kill(int(r.job_id), signal.SIGTERM)  # submitit's controller passes it on
+    print("cancelled " + " ".join(r.job_id for r in records))
+    return 0
+
+
+def profiles(opts: argparse.Namespace) -> int:
+    from slurmddp import config
+
+    try:
+        files = config.load_sources(Path.cwd(), os.environ)
+        settings = config.resolve_settings({}, opts.profile, files) if opts.profile else None
+        print(config.format_profiles(config.list_profiles(files), settings))
+    except config.ConfigError as e:
+        fail(str(e), prog=opts.prog)
+    return 0
+
+
+def _record(job_id: str, prog: str) -> jobs.JobRecord:
+    record = jobs.find(job_id)
+    if record is None:
+        fail(f"job {job_id!r} was not submitted with slurmddp here: see 'slurmddp status'",
+             prog=prog)  # fmt: skip
+    return record

@@ -1,0 +1,194 @@
+"""``slurmddp submit`` and ``slurmddp template``: options → settings → `JobSpec` → script → job.
+
+Nothing here imports torch; validation happens before anything is queued, and every bad input
+is a one-line error with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurmddp.errors import fail
+
+# Options whose values feed the configuration layers (dest = config key).
+_SPEC_OPTIONS = (
+    ("--nodes", "nodes", "N or MIN-MAX (default 1)", str),
+    ("--gpus-per-node", "gpus_per_node", "GPUs per node (default 0)", str),
+    ("--ntasks-per-node", "ntasks_per_node", "ranks per node (default: one per GPU, else 1)", str),
+    ("--cpus-per-task", "cpus_per_task", "CPUs per rank", str),
+    ("--mem", "mem", "memory per node, as sbatch --mem", str),
+    ("--time", "time", "time limit in any Slurm form (M, H:M:S, D-H:M...)", str),
+    ("--partition", "partition", "Slurm partition", str),
+    ("--account", "account", "Slurm account", str),
+    ("--qos", "qos", "Slurm QOS", str),
+    ("--constraint", "constraint", "node features", str),
+    ("--output", "output", "directory for job logs (default slurmddp-jobs)", str),
+    ("--launcher", "launcher", "srun (a task per rank) or torchrun (one per node)", str),
+    ("--backend", "backend", "auto, nccl, gloo or mpi (default auto)", str),
+    ("--template", "template", "a Jinja sbatch template of your own", str),
+    ("--max-requeues", "max_requeues", "requeues allowed after preemption (default 3)", str),
+    ("--signal-lead", "signal_lead", "seconds of warning before the time limit (default 120)", str),
+    ("--signal", "signal", "the warning signal (default USR2)", str),
+    ("--python", "python", "the interpreter on the nodes (default: this one)", str),
+)
+_LIST_OPTIONS = (
+    ("--setup", "setup", "a shell line run before the job (module load...); repeatable"),
+    ("--env", "env", "KEY=VALUE exported to every rank; repeatable"),
+    ("--sbatch-arg", "sbatch_args", "one more sbatch option, as --exclusive; repeatable"),
+    ("--srun-arg", "srun_args", "one more srun option, as --container-image=...; repeatable"),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser, *, submitting: bool) -> None:
+    """The options of `submit` (and, without the submission ones, of `template`)."""
+    p.add_argument("--job-name", dest="job_name", help="job name (default: the script's name)")
+    for flag, dest, help_text, kind in _SPEC_OPTIONS:
+        p.add_argument(flag, dest=dest, type=kind, help=help_text)
+    for flag, dest, help_text in _LIST_OPTIONS:
+        p.add_argument(flag, dest=dest, action="append", metavar="VALUE", help=help_text)
+    p.add_argument("--profile", help="a cluster profile from the configuration files")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module instead of a script")
+    if submitting:
+        p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+        p.add_argument("--follow", action="store_true",
+                       help="show state changes and rank 0's log until the job ends")  # fmt: skip
+        p.add_argument("--json", action="store_true", help="print the submission as JSON")
+        p.add_argument("--local", action="store_true",
+                       help="run here without Slurm: nodes x tasks processes")  # fmt: skip
+        p.add_argument("--local-signal-after", type=float, metavar="S",
+                       help="with --local: send the preemption signal after S seconds")  # fmt: skip
+    else:
+        p.add_argument("-o", "--output-file", dest="output_file", metavar="FILE",
+                       help="write the script here (default: standard output)")  # fmt: skip
+
+
+def split_target(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list, list]:
+    """Split at SCRIPT (or after -m MODULE): our options before, the script's argv after."""
+    takes_value = {
+        flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings
+    }
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return list(argv[: i + 2]), list(argv[i + 2 :])
+        if arg == "--":
+            return list(argv[:i]), list(argv[i + 1 :])
+        if not arg.startswith("-") or arg == "-":
+            return list(argv[:i]), list(argv[i:])
+        i += 2 if arg in takes_value else 1
+    return list(argv), []
+
+
+def build(opts: argparse.Namespace, rest: list[str], prog: str):
+    """(spec, script text) from parsed options, or a one-line error and exit 2."""
+    from slurmddp import config, jobspec, sbatch, templating
+
+    target = ["-m", opts.module, *rest] if opts.module else rest
+    if not target:
+        fail("give the SCRIPT to run (or -m MODULE)", prog=prog)
+    if not opts.module and not os.path.isfile(target[0]):
+        fail(f"script {target[0]!r} not found: give the path of a Python file", prog=prog)
+
+    typed = {dest: getattr(opts, dest) for _, dest, _, _ in _SPEC_OPTIONS}
+    typed |= {dest: getattr(opts, dest) for _, dest, _ in _LIST_OPTIONS}
+    try:
+        files = config.load_sources(Path.cwd(), os.environ)
+        settings = config.resolve_settings(typed, opts.profile, files)
+        values = dict(settings.items())
+        spec = jobspec.build_spec(
+            target,
+            job_name=opts.job_name,
+            nodes=values.get("nodes", 1),
+            ntasks_per_node=values.get("ntasks_per_node"),
+            gpus_per_node=values.get("gpus_per_node", 0),
+            cpus_per_task=values.get("cpus_per_task"),
+            mem=_text(values.get("mem")),
+            time=_text(values.get("time")),
+            partition=values.get("partition"),
+            account=values.get("account"),
+            qos=values.get("qos"),
+            constraint=values.get("constraint"),
+            output_dir=str(values.get("output", jobspec.DEFAULT_OUTPUT_DIR)),
+            launcher=values.get("launcher", "srun"),
+            backend=values.get("backend", "auto"),
+            setup=values.get("setup", ()),
+            env=[f"{k}={v}" for k, v in values.get("env", {}).items()],
+            sbatch_args=values.get("sbatch_args", ()),
+            srun_args=values.get("srun_args", ()),
+            max_requeues=values.get("max_requeues", jobspec.DEFAULT_MAX_REQUEUES),
+            signal=values.get("signal", jobspec.DEFAULT_SIGNAL),
+            signal_lead=values.get("signal_lead", jobspec.DEFAULT_SIGNAL_LEAD),
+            python=_text(values.get("python")),
+        )
+        template = values.get("template")
+        if template is None:
+            script = sbatch.render_script(spec)
+        else:
+            script = templating.render_file(Path(str(template)), **sbatch.context(spec))
+    except (config.ConfigError, jobspec.SpecError, templating.TemplateError) as e:
+        fail(str(e), prog=prog)
+    return spec, script
+
+
+def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
+    prog = parser.prog
+    own, rest = split_target(parser, argv)
+    opts = parser.parse_args(own)
+    spec, script = build(opts, rest, prog)
+    if opts.dry_run:
+        sys.stdout.write(script)
+        return 0
+
+    from slurmddp import jobs, submission
+
+    try:
+        job = submission.submit(spec, local=opts.local, signal_after=opts.local_signal_after)
+    except submission.SubmissionError as e:
+        fail(str(e), prog=prog, status=1)
+    record = jobs.find(str(job.job_id))
+    assert record is not None
+    summary = {
+        "job_id": record.job_id,
+        "name": record.name,
+        "engine": record.engine,
+        "job_dir": record.folder,
+        "logs": str(record.log(0)).replace("rank-0", "rank-<rank>").replace("_0_", "_<rank>_"),
+    }
+    if opts.json:
+        print(json.dumps(summary))
+    else:
+        print(f"submitted job {record.job_id} ({record.name}, {record.engine})")
+        print(f"  job directory: {record.folder}")
+        print(f"  logs:          {summary['logs']}")
+    if not opts.follow:
+        return 0
+    final = jobs.follow(record, lambda: jobs.states([record])[record.job_id])
+    return 0 if final == "COMPLETED" else jobs.exit_code(record) or 1
+
+
+def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
+    own, rest = split_target(parser, argv)
+    opts = parser.parse_args(own)
+    _, script = build(opts, rest, parser.prog)
+    if opts.output_file:
+        Path(opts.output_file).write_text(script, encoding="utf-8")
+        Path(opts.output_file).chmod(0o755 & ~_umask())
+    else:
+        sys.stdout.write(script)
+    return 0
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,454 @@
+"""What ``slurmddp submit`` asks Slurm for: a frozen `JobSpec`, its parsers and its checks.
+
+Everything here is pure: the parsers turn option text into values, `validate` refuses a spec the
+sbatch script could not carry faithfully, and `build_spec` applies the defaults a CLI needs.
+Every error is a one-line `SpecError` naming the option, the value and what to do instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import unicodedata
+from collections.abc import Iterable, Sequence
+from pathlib import PurePath
+
+from slurmddp.placement import BACKENDS
+
+__all__ = [
+    "BACKENDS",
+    "LAUNCHERS",
+    "MANAGED_SBATCH_OPTIONS",
+    "SIGNALS",
+    "JobSpec",
+    "SpecError",
+    "build_spec",
+    "parse_env_pair",
+    "parse_nodes",
+    "parse_time",
+    "validate",
+]
+
+LAUNCHERS = ("srun", "torchrun")
+DEFAULT_OUTPUT_DIR = "slurmddp-jobs"
+DEFAULT_MAX_REQUEUES = 3
+DEFAULT_SIGNAL = "USR2"
+DEFAULT_SIGNAL_LEAD = 120
+DEFAULT_RDZV_PORT = 29400
+# Slurm keeps the --signal lead time in 16 bits.
+MAX_SIGNAL_LEAD = 0xFFFF
+
+# Signals the batch shell may pass on to the step with `kill -s SIG <srun pid>`: only those srun
+# forwards to every task. What srun 22.05 does with the others, checked on the local cluster:
+_SIGNAL_PROBLEMS = {
+    "USR1": "NCCL uses SIGUSR1 itself",
+    "TERM": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
+    "HUP": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
+    "QUIT": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
+    "INT": "srun only prints the step's status, it does not pass SIGINT on",
+    "ALRM": "srun does not pass it on to the tasks",
+    "URG": "srun does not pass it on to the tasks",
+    "CONT": "srun does not pass it on to the tasks",
+    "TTIN": "srun does not pass it on to the tasks",
+    "ABRT": "srun aborts itself on it",
+    "TSTP": "srun stops itself on it",
+    "TTOU": "srun stops itself on it",
+    "KILL": "it cannot be trapped",
+    "STOP": "it cannot be trapped",
+}
+SIGNALS = ("USR2",)  # the names `validate` accepts
+_SIGNAL_NAMES = frozenset(SIGNALS) | _SIGNAL_PROBLEMS.keys()
+
+# sbatch options the script writes itself from JobSpec fields; repeating one through
+# sbatch_args would silently override the script's own (and break its log layout or traps).
+MANAGED_SBATCH_OPTIONS = {
+    "--job-name": "job_name", "-J": "job_name",
+    "--nodes": "nodes", "-N": "nodes",
+    "--ntasks-per-node": "ntasks_per_node",
+    "--gpus-per-node": "gpus_per_node",
+    "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
+    "--mem": "mem",
+    "--time": "time", "-t": "time",
+    "--partition": "partition", "-p": "partition",
+    "--account": "account", "-A": "account",
+    "--qos": "qos", "-q": "qos",
+    "--constraint": "constraint", "-C": "constraint",
+    "--output": "output_dir", "-o": "output_dir",
+    "--error": "output_dir", "-e": "output_dir",
+    "--open-mode": "output_dir",
+    "--requeue": "requeue", "--no-requeue": "requeue",
+    "--signal": "signal",
+}  # fmt: skip
+
+_INTEGER = re.compile(r"[0-9]+")
+_NODES = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# sbatch --mem: megabytes, or a K, M, G or T suffix with an optional B (sbatch 22.05 takes 1GB
+# but refuses 1GiB and 1.5G).
+_MEM = re.compile(r"[0-9]+(?:[KMGTkmgt][Bb]?)?")
+_UNLIMITED = ("UNLIMITED", "INFINITE")
+
+
+class SpecError(ValueError):
+    """A job description sbatch would refuse or misread; the message says which value and why."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One ``slurmddp submit`` job: the program, the resources, and how it is launched.
+
+    `target` is the script path then its arguments, or ``("-m", module, *args)``, verbatim.
+    `setup` holds raw shell lines (module loads, venv activation): the only user text the batch
+    script executes as written. `time_minutes` None means no ``--time`` line, so the
+    partition's default limit applies.
+    """
+
+    target: tuple[str, ...]
+    job_name: str
+    output_dir: str
+    nodes_min: int = 1
+    nodes_max: int = 1
+    ntasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time_minutes: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    launcher: str = "srun"
+    backend: str = "auto"
+    setup: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    sbatch_args: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    signal: str = DEFAULT_SIGNAL
+    signal_lead: int = DEFAULT_SIGNAL_LEAD
+    requeue: bool = True
+    max_restarts: int = 0
+    python: str = dataclasses.field(default_factory=lambda: sys.executable)
+    rdzv_port: int = DEFAULT_RDZV_PORT
+
+    @property
+    def nodes(self) -> str:
+        """The node count as sbatch writes it: ``N`` or ``MIN-MAX``."""
+        if self.nodes_min == self.nodes_max:
+            return str(self.nodes_min)
+        return f"{self.nodes_min}-{self.nodes_max}"
+
+
+# --- parsers ------------------------------------------------------------------------------------
+
+
+def parse_time(text: str) -> int | None:
+    """Minutes for a Slurm ``--time`` value, or None for no limit.
+
+    Takes every form sbatch does: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``,
+    and ``UNLIMITED``/``INFINITE`` (as does 0, which Slurm also reads as no limit). Seconds round
+    up to a whole minute, as Slurm does.
+    """
+    raw = text.strip()
+    if raw.upper() in _UNLIMITED:
+        return None
+    hint = "use M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED"
+    days_part, dash, clock = raw.partition("-")
+    if not dash:
+        days_part, clock = "", raw
+    parts = clock.split(":")
+    if not all(_INTEGER.fullmatch(p) for p in [*parts, *([days_part] if dash else [])]):
+        raise SpecError(f"time {text!r} is not a Slurm time limit: {hint}")
+    numbers = [int(p) for p in parts]
+    if dash:
+        if len(numbers) > 3:
+            raise SpecError(f"time {text!r} has too many fields after the day: {hint}")
+        hours, minutes, seconds = [*numbers, 0, 0][:3]
+        days = int(days_part)
+    else:
+        if len(numbers) > 3:
+            raise SpecError(f"time {text!r} has too many fields: {hint}")
+        # Without days Slurm reads M, M:S and H:M:S: a lone pair is minutes and seconds.
+        days = 0
+        hours, minutes, seconds = {1: (0, numbers[0], 0), 2: (0, *numbers)}.get(
+            len(numbers), tuple(numbers)
+        )
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total // 60) or None
+
+
+def parse_nodes(text: str) -> tuple[int, int]:
+    """``"4"`` gives (4, 4), ``"1-4"`` gives (1, 4): the node counts sbatch ``--nodes`` takes."""
+    m = _NODES.fullmatch(text.strip())
+    if m is None:
+        raise SpecError(f"nodes {text!r} is not a node count: write N or MIN-MAX, e.g. 4 or 2-4")
+    lo = int(m[1])
+    hi = int(m[2]) if m[2] is not None else lo
+    if lo < 1:
+        raise SpecError(f"nodes {text!r} asks for no node: the job needs at least 1")
+    if lo > hi:
+        raise SpecError(f"nodes {text!r} has MIN above MAX: write MIN-MAX with MIN <= MAX")
+    return lo, hi
+
+
+def parse_env_pair(text: str) -> tuple[str, str]:
+    """``"KEY=VALUE"`` as (key, value); the value is everything after the first ``=``."""
+    key, eq, value = text.partition("=")
+    if not eq:
+        raise SpecError(f"environment variable {text!r} has no '=': write KEY=VALUE")
+    _check_env(key, value)
+    return key, value
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def validate(spec: JobSpec) -> None:
+    """Raise `SpecError` for the first value of `spec` that sbatch, srun or bash would refuse or
+    misread; return None when the whole spec can be rendered faithfully.
+
+    GPUs: one task per GPU. With GPUs, ntasks_per_node (torchrun's processes per node) must equal
+    gpus_per_node; `build_spec` defaults it so.
+    """
+    _check_target(spec.target)
+    _check_line("job_name", spec.job_name)
+    if spec.nodes_min < 1 or spec.nodes_max < spec.nodes_min:
+        raise SpecError(
+            f"nodes {spec.nodes_min}-{spec.nodes_max}: need 1 <= MIN <= MAX, e.g. 4 or 2-4"
+        )
+    _check_count("ntasks_per_node", spec.ntasks_per_node, 1)
+    _check_count("gpus_per_node", spec.gpus_per_node, 0)
+    if spec.gpus_per_node and spec.ntasks_per_node != spec.gpus_per_node:
+        raise SpecError(
+            f"ntasks_per_node={spec.ntasks_per_node} with gpus_per_node={spec.gpus_per_node}: "
+            f"slurmddp runs one process per GPU; set ntasks_per_node to {spec.gpus_per_node} "
+            "or leave it out"
+        )
+    if spec.cpus_per_task is not None:
+        _check_count("cpus_per_task", spec.cpus_per_task, 1)
+    if spec.mem is not None and not _MEM.fullmatch(spec.mem):
+        raise SpecError(f"mem={spec.mem!r} is not a memory size: write e.g. 64G, 500M or 0")
+    if spec.time_minutes is not None:
+        _check_count("time_minutes", spec.time_minutes, 1)
+    for name in ("partition", "account", "qos", "constraint"):
+        value = getattr(spec, name)
+        if value is not None:
+            _check_name(name, value)
+    _check_output_dir(spec.output_dir)
+    _check_choice("launcher", spec.launcher, LAUNCHERS)
+    _check_choice("backend", spec.backend, BACKENDS)
+    if spec.backend == "nccl" and not spec.gpus_per_node:
+        raise SpecError("backend='nccl' needs GPUs: set gpus_per_node, or use backend gloo")
+    for line in spec.setup:
+        _check_no_nul("setup line", line)
+    for key, value in spec.env:
+        _check_env(key, value)
+    for arg in spec.sbatch_args:
+        _check_sbatch_arg(arg)
+    for arg in spec.srun_args:
+        _check_no_nul("srun argument", arg)
+    _check_count("max_requeues", spec.max_requeues, 0)
+    _check_signal(spec.signal)
+    if not 1 <= spec.signal_lead <= MAX_SIGNAL_LEAD:
+        raise SpecError(
+            f"signal_lead={spec.signal_lead} is not a lead time in seconds: "
+            f"give 1 to {MAX_SIGNAL_LEAD}"
+        )
+    _check_count("max_restarts", spec.max_restarts, 0)
+    if spec.max_restarts and spec.launcher != "torchrun":
+        raise SpecError(
+            f"max_restarts={spec.max_restarts} needs launcher torchrun (srun does not restart "
+            "ranks): use launcher torchrun, or leave max_restarts at 0"
+        )
+    if not spec.python:
+        raise SpecError("python='' names no interpreter: give the path of python on the nodes")
+    _check_no_nul("python", spec.python)
+    if not 1 <= spec.rdzv_port <= 65535:
+        raise SpecError(f"rdzv_port={spec.rdzv_port} is not a TCP port: give 1 to 65535")
+
+
+def _check_target(target: tuple[str, ...]) -> None:
+    if not target:
+        raise SpecError("no target: give a script path (and its arguments) or -m MODULE")
+    for arg in target:
+        _check_no_nul("target argument", arg)
+    if target[0] == "-m":
+        module = target[1] if len(target) > 1 else ""
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise SpecError(f"module {module!r} is not a Python module name: write -m pkg.module")
+    elif not target[0]:
+        raise SpecError("script '' is empty: give the path of a Python file")
+    elif target[0].startswith("-"):
+        raise SpecError(
+            f"script {target[0]!r} starts with '-' and would read as an option: "
+            f"write ./{target[0]}, or -m MODULE"
+        )
+
+
+def _check_line(name: str, value: str) -> None:
+    """A value written on an #SBATCH line: sbatch reads directives line by line."""
+    if not value:
+        raise SpecError(f"{name} is empty: give a non-empty value")
+    if any(_is_control(c) for c in value):
+        raise SpecError(
+            f"{name}={value!r} contains a newline or control character, which an #SBATCH line "
+            "cannot carry: remove it"
+        )
+
+
+def _check_name(name: str, value: str) -> None:
+    _check_line(name, value)
+    if any(c.isspace() for c in value):
+        raise SpecError(f"{name}={value!r} contains a space: Slurm names have none")
+
+
+def _check_output_dir(path: str) -> None:
+    _check_line("output_dir", path)
+    if not os.path.isabs(path):
+        raise SpecError(
+            f"output_dir={path!r} is relative, so it would depend on the job's working "
+            "directory: give an absolute path"
+        )
+    if "\\" in path:
+        # Slurm drops the backslash and stops expanding %j, so the log would land elsewhere.
+        raise SpecError(f"output_dir={path!r} contains a backslash, which Slurm log paths drop")
+
+
+def _check_count(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"{name}={value!r} must be a whole number of at least {minimum}")
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise SpecError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_signal(name: str) -> None:
+    if name.upper().startswith("SIG"):
+        raise SpecError(f"signal={name!r}: write the name without SIG, e.g. {name[3:]!r}")
+    if name not in _SIGNAL_NAMES:
+        raise SpecError(f"signal={name!r} is not a signal name Slurm knows: use USR2")
+    if name in _SIGNAL_PROBLEMS:
+        raise SpecError(
+            f"signal={name!r} cannot warn the ranks: {_SIGNAL_PROBLEMS[name]}; use USR2"
+        )
+
+
+def _check_env(key: str, value: str) -> None:
+    if not _ENV_KEY.fullmatch(key):
+        raise SpecError(
+            f"environment variable name {key!r} is not a shell identifier: use letters, "
+            "digits and _, not starting with a digit"
+        )
+    _check_no_nul(f"environment variable {key}", value)
+
+
+def _check_sbatch_arg(arg: str) -> None:
+    _check_line("sbatch argument", arg)
+    if not arg.startswith("-"):
+        raise SpecError(
+            f"sbatch argument {arg!r} is not an option: give each as one --option=value word"
+        )
+    option = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+    field = MANAGED_SBATCH_OPTIONS.get(option)
+    if field is not None:
+        raise SpecError(
+            f"sbatch argument {arg!r} sets {option}, which slurmddp writes itself from "
+            f"{field}: set {field} instead"
+        )
+
+
+def _check_no_nul(name: str, value: str) -> None:
+    if "\0" in value:
+        raise SpecError(f"{name} {value!r} contains a NUL byte, which no command line can carry")
+
+
+def _is_control(c: str) -> bool:
+    return unicodedata.category(c) == "Cc"
+
+
+# --- building -----------------------------------------------------------------------------------
+
+
+def build_spec(
+    target: Sequence[str],
+    *,
+    job_name: str | None = None,
+    nodes: str | int = 1,
+    ntasks_per_node: int | None = None,
+    gpus_per_node: int = 0,
+    cpus_per_task: int | None = None,
+    mem: str | None = None,
+    time: str | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
+    output_dir: str = DEFAULT_OUTPUT_DIR,
+    launcher: str = "srun",
+    backend: str = "auto",
+    setup: Iterable[str] = (),
+    env: Iterable[str] = (),
+    sbatch_args: Iterable[str] = (),
+    srun_args: Iterable[str] = (),
+    max_requeues: int = DEFAULT_MAX_REQUEUES,
+    signal: str = DEFAULT_SIGNAL,
+    signal_lead: int = DEFAULT_SIGNAL_LEAD,
+    requeue: bool = True,
+    max_restarts: int = 0,
+    python: str | None = None,
+    rdzv_port: int = DEFAULT_RDZV_PORT,
+    cwd: str | None = None,
+) -> JobSpec:
+    """A validated `JobSpec` from option values as a CLI has them (text for nodes, time, env).
+
+    Defaults: ntasks_per_node is gpus_per_node (one process per GPU), or 1 without GPUs;
+    job_name is the script's stem (or the module name); output_dir is made absolute against
+    `cwd` (default: the current directory); python is this interpreter.
+    """
+    target = tuple(target)
+    nodes_min, nodes_max = parse_nodes(str(nodes))
+    if job_name is None:
+        job_name = _default_job_name(target)
+    spec = JobSpec(
+        target=target,
+        job_name=job_name,
+        nodes_min=nodes_min,
+        nodes_max=nodes_max,
+        ntasks_per_node=ntasks_per_node if ntasks_per_node is not None else gpus_per_node or 1,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time_minutes=parse_time(time) if time is not None else None,
+        partition=partition,
+        account=account,
+        qos=qos,
+        constraint=constraint,
+        output_dir=os.path.normpath(os.path.join(cwd or os.getcwd(), output_dir)),
+        launcher=launcher,
+        backend=backend,
+        setup=tuple(setup),
+        env=tuple(parse_env_pair(pair) for pair in env),
+        sbatch_args=tuple(sbatch_args),
+        srun_args=tuple(srun_args),
+        max_requeues=max_requeues,
+        signal=signal,
+        signal_lead=signal_lead,
+        requeue=requeue,
+        max_restarts=max_restarts,
+        python=python if python is not None else sys.executable,
+        rdzv_port=rdzv_port,
+    )
+    validate(spec)
+    return spec
+
+
+def _default_job_name(target: tuple[str, ...]) -> str:
+    if not target:
+        return "slurmddp"
+    if target[0] == "-m":
+        return target[1] if len(target) > 1 else "slurmddp"
+    return PurePath(target[0]).stem or "slurmddp"

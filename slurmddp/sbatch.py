@@ -1,0 +1,68 @@
+"""The batch script of ``slurmddp submit``: a `JobSpec` rendered through templates/sbatch.sh.j2.
+
+Log layout, one directory per job under the spec's output_dir (requeued runs append)::
+
+    <output_dir>/<job id>.batch.log        the batch shell: setup, srun's own messages
+    <output_dir>/<job id>/rank-<rank>.log  launcher srun: one file per rank (%t)
+    <output_dir>/<job id>/node-<node>.log  launcher torchrun: one per node (%n), lines tagged
+                                           with the rank (torchrun's rendezvous, not the node
+                                           order, decides which ranks a node runs)
+
+Slurm does not create a missing directory for ``--output``, so the batch log sits in output_dir
+itself (which must exist at submission) and the batch shell makes the per-job directory before
+the step starts.
+
+Launchers:
+
+- ``srun``: one Slurm task per rank, each running ``python -m slurmddp.run TARGET``.
+- ``torchrun``: one Slurm task per node running ``python -m torch.distributed.run``, which starts
+  ntasks_per_node workers. The job then asks for one task per node with all of that node's CPUs
+  (ntasks_per_node x cpus_per_task): a job of ntasks_per_node tasks per node would make the step's
+  ``srun --ntasks-per-node=1`` inherit SLURM_NTASKS and start that many torchruns per node
+  (srun 22.05 warns and ignores --ntasks-per-node).
+
+Signals: ``--signal=B:USR2@lead`` warns the batch shell, which passes USR2 on to srun, which
+forwards it to every task (srun 22.05 forwards only USR1 and USR2 unchanged: see
+`slurmddp.jobspec.SIGNALS`). TERM is noted, never forwarded: Slurm sends it to every step itself,
+and srun answers a TERM by killing its step with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from slurmddp import templating
+from slurmddp.jobspec import JobSpec, validate
+
+DEFAULT_TEMPLATE = "sbatch.sh.j2"
+
+
+def render_script(spec: JobSpec, template: str = DEFAULT_TEMPLATE) -> str:
+    """The batch script for `spec` (validated first: raises `slurmddp.jobspec.SpecError`)."""
+    validate(spec)
+    return templating.render(template, **context(spec))
+
+
+def context(spec: JobSpec) -> dict[str, object]:
+    """The template's variables: the spec's fields plus the values derived from them."""
+    torchrun = spec.launcher == "torchrun"
+    root = spec.output_dir.rstrip("/")
+    # Slurm expands %j, %t, %n... in log paths; %% is a literal %.
+    log_root = root.replace("%", "%%")
+    return {
+        **{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
+        "output_dir": root,
+        "nodes": spec.nodes,
+        # Slurm tasks per node: under torchrun, one per node that starts the workers itself.
+        "tasks_per_node": 1 if torchrun else spec.ntasks_per_node,
+        "cpus_per_task": (
+            spec.ntasks_per_node * (spec.cpus_per_task or 1) if torchrun else spec.cpus_per_task
+        ),
+        "batch_log": f"{log_root}/%j.batch.log",
+        "rank_log": f"{log_root}/%j/" + ("node-%n.log" if torchrun else "rank-%t.log"),
+        # A node range is settled when the job starts. torchrun's MIN:MAX would wait its
+        # last-call timeout (30 s) for nodes the allocation will never have, and cannot use
+        # them anyway: --kill-on-bad-exit ends the step when any node's torchrun fails.
+        "fixed_nodes": spec.nodes_min == spec.nodes_max,
+        "nproc_per_node": spec.ntasks_per_node,
+    }

@@ -1,0 +1,107 @@
+"""Submitting a `JobSpec`, with submitit as the job engine.
+
+On Slurm, submitit's SlurmExecutor submits our rendered batch script (not its own) and returns a
+submitit job handle whose folder, log paths, state and cancel are submitit's. With ``--local``,
+submitit's LocalExecutor starts nodes x tasks processes on this machine, each given the SLURM_*
+variables of a real step (slurmddp.emulation). Either way the job lands in the registry.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+from slurmddp import jobs
+from slurmddp.jobspec import JobSpec
+from slurmddp.sbatch import render_script
+
+
+class SubmissionError(RuntimeError):
+    """sbatch refused the job or could not be run; the message says why."""
+
+
+class _TemplateExecutor(submitit.SlurmExecutor):
+    """submitit's Slurm executor, but the batch script is our rendered template."""
+
+    def __init__(self, spec: JobSpec, script: str) -> None:
+        super().__init__(folder=spec.output_dir, python=shlex.quote(spec.python))
+        self._script = script
+        # Only used by submitit to count the job's tasks (its log paths per task).
+        self.update_parameters(nodes=spec.nodes_max, ntasks_per_node=spec.ntasks_per_node)
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._script
+
+
+def submit(spec: JobSpec, *, local: bool = False, signal_after: float | None = None):
+    """Submit `spec` and return its submitit job handle (a SlurmJob, or a LocalJob when local).
+
+    `signal_after` (local only) delivers the preemption signal after that many seconds.
+    The handle gives state, paths and cancel; it has no result: the job is a program, not a
+    pickled function.
+    """
+    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
+    job = _submit_local(spec, signal_after) if local else _submit_slurm(spec)
+    jobs.remember(
+        jobs.JobRecord(
+            job_id=str(job.job_id),
+            folder=str(Path(spec.output_dir).resolve()),
+            name=spec.job_name,
+            engine="local" if local else "slurm",
+            tasks=spec.nodes_max * spec.ntasks_per_node,
+            submitted=time.time(),
+            log_pattern=_log_pattern(spec, local),
+        )
+    )
+    return job
+
+
+def _submit_slurm(spec: JobSpec):
+    if shutil.which("sbatch") is None:
+        raise SubmissionError("sbatch not found: submit from a Slurm login node, or use --local")
+    executor = _TemplateExecutor(spec, render_script(spec))
+    try:
+        # The command argument is unused: the template holds the launch line.
+        return executor._submit_command("")
+    except (FailedJobError, FailedSubmissionError) as e:
+        lines = [x for x in str(e).splitlines() if x.strip()]
+        reason = next((x for x in lines if "error" in x.lower()), lines[-1] if lines else str(e))
+        raise SubmissionError(f"sbatch refused the job: {reason.strip()}") from None
+
+
+def _submit_local(spec: JobSpec, signal_after: float | None):
+    executor = submitit.LocalExecutor(folder=spec.output_dir, python=shlex.quote(spec.python))
+    tasks = spec.nodes_max * spec.ntasks_per_node
+    lead = spec.signal_lead
+    if signal_after is not None:
+        # submitit signals `signal_delay_s` before its time-out: place the time-out after that.
+        timeout_s = signal_after + lead
+    else:
+        timeout_s = (spec.time_minutes or 60 * 24 * 365) * 60
+    executor.update_parameters(
+        tasks_per_node=tasks,
+        timeout_min=timeout_s / 60,
+        signal_delay_s=lead,
+        setup=list(spec.setup),
+    )
+    command = [
+        spec.python, "-u", "-m", "slurmddp.emulation",
+        "--nodes", str(spec.nodes_max),
+        "--ntasks-per-node", str(spec.ntasks_per_node),
+        "--folder", str(Path(spec.output_dir).resolve()),
+        *[f"--env={k}={v}" for k, v in spec.env],
+        "--", *spec.target,
+    ]  # fmt: skip
+    return executor._submit_command(shlex.join(command))
+
+
+def _log_pattern(spec: JobSpec, local: bool) -> str:
+    if local:
+        return jobs.LOCAL_LOG_PATTERN
+    # Under torchrun one log per node holds its ranks' lines, tagged [rank/world].
+    return jobs.TORCHRUN_LOG_PATTERN if spec.launcher == "torchrun" else jobs.SLURM_LOG_PATTERN

@@ -1,0 +1,1 @@
+"""The Jinja templates, shipped inside the wheel as the package slurmddp.templates."""

@@ -1,0 +1,75 @@
+#!/bin/bash
+#SBATCH --job-name="my 'run' #1"
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --output="/scratch/my runs/100%%/%j.batch.log"
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@120
+#SBATCH --mail-type=END,FAIL
+#SBATCH "--comment=a # b 'c' \"d\""
+#SBATCH --exclusive
+
+# Written by slurmddp submit. Logs, appended to when the job is requeued:
+#   <output dir>/<job id>.batch.log        this shell: setup, srun's own messages
+#   <output dir>/<job id>/rank-<rank>.log   each rank's output
+
+set -eo pipefail  # a failing setup line (module load, venv activation) ends the job here
+module load cuda/12.1
+source /opt/venv/bin/activate
+set +eo pipefail
+set -u  # from here on every variable is ours, and every status is handled by hand
+
+export NCCL_DEBUG=INFO
+export GREETING='say "hi"; echo `id` $(id) $HOME'
+export MULTILINE='one
+two'
+export SLURMDDP_MAX_REQUEUES=3
+export SLURMDDP_BACKEND=auto
+
+echo "slurmddp: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
+mkdir -p -- '/scratch/my runs/100%'/"$SLURM_JOB_ID" || exit 1
+
+# The step runs in the background so that this shell takes signals while it waits (bash runs a
+# trap only between commands). srun passes USR2 on to every task. TERM is only noted: Slurm
+# sends it to every step itself, and srun would answer a forwarded TERM by killing the step.
+step=
+received=  # the last signal trapped, for the requeue decision
+interrupted=0
+forward() {
+    received=$1
+    interrupted=1
+    if [[ -n $step ]]; then kill -s "$1" "$step" 2>/dev/null; fi
+}
+note() {
+    received=$1
+    interrupted=1
+}
+trap 'forward USR2' USR2
+trap 'note TERM' TERM
+
+# srun 22.05 no longer takes --cpus-per-task from the job: the step asks for it again.
+srun --kill-on-bad-exit=1 --open-mode=append --output='/scratch/my runs/100%%/%j/rank-%t.log' \
+    --mpi=pmix \
+    --label \
+    '--comment=x y' \
+    /opt/venv/bin/python -m slurmddp.run train.py --name 'it'"'"'s $(not) run' --note 'a
+b' &
+step=$!
+
+wait "$step"
+status=$?
+# A trapped signal ends `wait` early (128+n) while the step runs on: wait again. Bash keeps a
+# background job's status until it is collected, so a wait after the step ended still gets it.
+while ((interrupted)); do
+    interrupted=0
+    wait "$step"
+    rc=$?
+    ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
+done
+
+# ---- requeue decision --------------------------------------------------------------------------
+# Not made yet: the job ends with the step's status. The decision belongs here, reading $received
+# (the signal trapped, if any), $status, ${SLURM_RESTART_COUNT:-0} and $SLURMDDP_MAX_REQUEUES.
+# ------------------------------------------------------------------------------------------------
+exit "$status"

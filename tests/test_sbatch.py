@@ -1,0 +1,389 @@
+"""The ``slurmddp submit`` batch script: golden files, bash syntax, quoting that survives hostile
+values when the script really runs, and real jobs on the local cluster.
+
+Regenerate the golden files after an intended change with
+``SLURMDDP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_sbatch.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmddp.jobspec import JobSpec, SpecError, build_spec
+from slurmddp.sbatch import context, render_script
+from slurmddp.templating import directive_quote
+from tests.conftest import tagged_json
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE_GOLDEN = os.environ.get("SLURMDDP_UPDATE_GOLDEN") == "1"
+PYTHON = "/opt/venv/bin/python"  # fixed, so the golden files do not depend on this machine
+
+BASE = JobSpec(target=("train.py",), job_name="train", output_dir="/scratch/runs", python=PYTHON)
+
+CASES = {
+    "srun_cpu": dataclasses.replace(
+        BASE, target=("train.py", "--epochs", "3"), nodes_min=2, nodes_max=2,
+        ntasks_per_node=4, cpus_per_task=2,
+    ),
+    "srun_4x8gpu": dataclasses.replace(
+        BASE, nodes_min=4, nodes_max=4, ntasks_per_node=8, gpus_per_node=8, cpus_per_task=12,
+        mem="480G", time_minutes=24 * 60 + 30, partition="gpu", account="proj-42", qos="high",
+        constraint="a100&ib", backend="nccl", max_requeues=5,
+    ),
+    "torchrun_nodes_1-4": dataclasses.replace(
+        BASE, target=("-m", "pkg.train", "--config", "conf/big run.yaml"), job_name="pkg.train",
+        nodes_min=1, nodes_max=4, ntasks_per_node=4, gpus_per_node=4, launcher="torchrun",
+        max_restarts=2, time_minutes=120, signal_lead=300, rdzv_port=29500,
+    ),
+    "setup_env_args": dataclasses.replace(
+        BASE, target=("train.py", "--name", "it's $(not) run", "--note", "a\nb"),
+        job_name="my 'run' #1", output_dir="/scratch/my runs/100%",
+        setup=("module load cuda/12.1", "source /opt/venv/bin/activate"),
+        env=(("NCCL_DEBUG", "INFO"), ("GREETING", 'say "hi"; echo `id` $(id) $HOME'),
+             ("MULTILINE", "one\ntwo")),
+        sbatch_args=("--mail-type=END,FAIL", "--comment=a # b 'c' \"d\"", "--exclusive"),
+        srun_args=("--mpi=pmix", "--label", "--comment=x y"),
+    ),
+    "torchrun_cpu_no_requeue": dataclasses.replace(
+        BASE, nodes_min=2, nodes_max=2, ntasks_per_node=3, launcher="torchrun", requeue=False,
+        backend="gloo",
+    ),
+}  # fmt: skip
+
+
+def check_golden(name: str, text: str) -> None:
+    """`text` equals tests/golden/<name>.sh; with SLURMDDP_UPDATE_GOLDEN=1, (re)write it."""
+    path = GOLDEN / f"{name}.sh"
+    if UPDATE_GOLDEN:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.is_file(), f"{path} is missing: run with SLURMDDP_UPDATE_GOLDEN=1 to write it"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{path.name} differs; if the change is intended, rerun with SLURMDDP_UPDATE_GOLDEN=1"
+    )
+
+
+def bash_syntax_error(script: str) -> str | None:
+    r = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    return None if r.returncode == 0 else r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name):
+    check_golden(name, render_script(CASES[name]))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_script_parses_as_bash(name):
+    assert bash_syntax_error(render_script(CASES[name])) is None
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_directive_comes_before_the_first_command(name):
+    # sbatch stops reading #SBATCH lines at the first line that is neither blank nor a comment.
+    lines = render_script(CASES[name]).splitlines()
+    first_command = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#"))
+    assert not [ln for ln in lines[first_command:] if ln.startswith("#SBATCH")]
+    assert lines[0] == "#!/bin/bash"
+
+
+def test_rendering_imports_no_torch():
+    # `slurmddp submit` runs on login nodes, where importing torch is slow or impossible.
+    code = (
+        "import sys; from slurmddp.jobspec import build_spec; "
+        "from slurmddp.sbatch import render_script; "
+        "render_script(build_spec(['t.py'], cwd='/x')); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_bad_spec_is_refused_before_rendering():
+    with pytest.raises(SpecError, match="signal='USR1'"):
+        render_script(dataclasses.replace(BASE, signal="USR1"))
+
+
+def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
+    # A job of ntasks_per_node tasks would make `srun --ntasks-per-node=1` start that many
+    # torchruns per node: srun inherits SLURM_NTASKS and ignores the per-node count.
+    ctx = context(dataclasses.replace(CASES["torchrun_nodes_1-4"], cpus_per_task=6))
+    assert (ctx["tasks_per_node"], ctx["cpus_per_task"], ctx["nproc_per_node"]) == (1, 24, 4)
+    assert ctx["rank_log"] == "/scratch/runs/%j/node-%n.log"
+    script = render_script(CASES["torchrun_nodes_1-4"])
+    assert '--nnodes="$SLURM_JOB_NUM_NODES"' in script
+    assert "--nnodes=2 " in render_script(CASES["torchrun_cpu_no_requeue"])
+
+
+def test_log_paths_escape_percent_for_slurm_but_not_for_mkdir():
+    ctx = context(CASES["setup_env_args"])
+    assert ctx["batch_log"] == "/scratch/my runs/100%%/%j.batch.log"
+    assert ctx["rank_log"] == "/scratch/my runs/100%%/%j/rank-%t.log"
+    assert "mkdir -p -- '/scratch/my runs/100%'/\"$SLURM_JOB_ID\"" in render_script(
+        CASES["setup_env_args"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "word"),
+    [("plain-name_1.0", "plain-name_1.0"), ("B:USR2@120", "B:USR2@120"), ("a,b", "a,b"),
+     ("/x/%j.log", "/x/%j.log"), ("a b", '"a b"'), ("a#b", '"a#b"'), ("it's", '"it\'s"'),
+     ('say "hi"', '"say \\"hi\\""'), ("back\\slash", '"back\\\\slash"'), ("", '""'),
+     ("日本", '"日本"'), (42, "42")],
+)  # fmt: skip
+def test_directive_quote(value, word):
+    assert directive_quote(value) == word
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\0b"])
+def test_directive_quote_refuses_line_breaks(value):
+    with pytest.raises(ValueError, match="#SBATCH"):
+        directive_quote(value)
+
+
+# --- hostile values, executed -------------------------------------------------------------------
+
+FAKE_SRUN = """#!/bin/bash
+# Records its argv, drops its own options (every leading -word), and runs the rest.
+printf '%s\\0' "$@" > "$SRUN_RECORD"
+while [[ $# -gt 0 && $1 == -* ]]; do shift; done
+exec "$@"
+"""
+FAKE_SCONTROL = "#!/bin/bash\necho n1\necho n2\n"
+RECORDER = """#!{python}
+import json, os, sys
+with open(os.environ["RECORD"], "w", encoding="utf-8") as f:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
+"""
+
+# Pieces that break naive quoting: shell syntax, command substitutions that would leave a
+# `pwned` file, quotes, escapes, globs, non-ASCII.
+PIECES = ["a", "Z9", " ", "'", '"', "\\", "$", "$(touch pwned)", "`touch pwned`", "; touch pwned",
+          "&& touch pwned", "|", ">pwned", "<", "*", "?", "~", "!", "#", "%", "%j", "{a,b}", "[x]",
+          "=", "-", "--x", "$HOME", "${IFS}", "\\n", "é", "日本", "🙂", "\t"]  # fmt: skip
+
+
+def text(*, newlines: bool, extra: str = "") -> st.SearchStrategy[str]:
+    pieces = st.sampled_from(PIECES + (["\n", "\r\n"] if newlines else []))
+    chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\0" + extra)
+    return st.one_of(st.lists(pieces, max_size=8).map("".join), st.text(chars, max_size=12))
+
+
+def one_line(extra: str = "") -> st.SearchStrategy[str]:
+    # Values on #SBATCH lines: no control characters (validate refuses them).
+    return text(newlines=False).filter(
+        lambda s: s and not any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c in extra for c in s)
+    )
+
+
+@st.composite
+def hostile_specs(draw) -> JobSpec:
+    script = draw(text(newlines=True).filter(lambda s: s and not s.startswith("-")))
+    args = draw(st.lists(text(newlines=True), max_size=5))
+    module = draw(st.booleans())
+    target = ("-m", "pkg.mod", *args) if module else (script, *args)
+    env = draw(st.lists(st.tuples(st.sampled_from(["SDDP_A", "SDDP_B", "SDDP_C"]),
+                                  text(newlines=True)), max_size=4))  # fmt: skip
+    srun_args = draw(st.lists(text(newlines=True).map(lambda v: "--comment=" + v), max_size=2))
+    return JobSpec(
+        target=target,
+        job_name=draw(one_line()),
+        output_dir="OUT/" + draw(one_line(extra="\\/")),  # made absolute per example
+        launcher=draw(st.sampled_from(["srun", "torchrun"])),
+        env=tuple(env),
+        srun_args=tuple(srun_args),
+        setup=("export FROM_SETUP=ran",),
+        python="PY",
+    )
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory) -> Path:
+    """bin/ with a fake srun and scontrol, and a recording 'python' in a hostile directory."""
+    root = tmp_path_factory.mktemp("fakes")
+    (root / "bin").mkdir()
+    for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (root / "bin" / name).write_text(body)
+        (root / "bin" / name).chmod(0o755)
+    py_dir = root / "py $(touch pwned) 'q' `id`"
+    py_dir.mkdir()
+    (py_dir / "python").write_text(RECORDER.format(python=sys.executable))
+    (py_dir / "python").chmod(0o755)
+    return root
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=hostile_specs())
+def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
+    with tempfile.TemporaryDirectory(dir=fakes) as work_dir:
+        work = Path(work_dir)
+        out = str(work / spec.output_dir)
+        spec = dataclasses.replace(
+            spec, output_dir=out, python=str(fakes / "py $(touch pwned) 'q' `id`" / "python")
+        )
+        script = work / "job.sh"
+        script.write_text(render_script(spec), encoding="utf-8")
+        env = {
+            "PATH": f"{fakes / 'bin'}:{os.environ['PATH']}",
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_JOB_NUM_NODES": "2",
+            "RECORD": str(work / "record.json"),
+            "SRUN_RECORD": str(work / "srun.argv"),
+        }
+        r = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+
+        record = json.loads((work / "record.json").read_text(encoding="utf-8"))
+        argv = record["argv"]
+        if spec.launcher == "srun":
+            assert argv == ["-m", "slurmddp.run", *spec.target]
+        else:
+            tail = ["-m", "slurmddp.run", "--tag-output", *spec.target]
+            assert argv[:2] == ["-m", "torch.distributed.run"] and argv[-len(tail) :] == tail
+            assert "--rdzv-endpoint=n1:29400" in argv and "--rdzv-id=4242" in argv
+        for key, value in dict(spec.env).items():
+            assert record["env"][key] == value
+        assert record["env"]["FROM_SETUP"] == "ran"
+        srun_argv = (work / "srun.argv").read_bytes().decode().split("\0")[:-1]
+        assert srun_argv[-len(argv) - 1 :] == [spec.python, *argv]
+        for arg in spec.srun_args:
+            assert arg in srun_argv
+        assert Path(out, "4242").is_dir()
+        assert not list(fakes.rglob("pwned")), "an injected command ran"
+
+
+def test_a_step_that_fails_at_once_fails_the_job(fakes, tmp_path):
+    # The step may be gone (and reaped by bash) before the shell first checks on it; its status
+    # must still count. BASH_ENV holds the shell back just after it starts the step.
+    failing = tmp_path / "fail"
+    failing.write_text("#!/bin/bash\nexit 3\n")
+    failing.chmod(0o755)
+    slow = tmp_path / "slow.bash"
+    slow.write_text("trap '[[ $BASH_COMMAND == \"step=\\$!\" ]] && sleep 0.5' DEBUG\n")
+    spec = dataclasses.replace(BASE, output_dir=str(tmp_path / "out"), python=str(failing))
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(spec))
+    env = {"PATH": f"{fakes / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "SRUN_RECORD": str(tmp_path / "srun.argv"),
+           "BASH_ENV": str(slow)}  # fmt: skip
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3, r.stderr
+
+
+def test_the_signal_reaches_the_step_and_its_status_is_the_jobs(fakes, tmp_path):
+    # The trapped signal interrupts `wait`; the shell passes it on and still waits for the step.
+    step = tmp_path / "step"
+    step.write_text(
+        "#!/bin/bash\ntrap 'echo got-usr2 >> \"$OUT\"; exit 5' USR2\n"
+        'echo started >> "$OUT"\nwhile :; do sleep 0.05; done\n'
+    )
+    step.chmod(0o755)
+    spec = dataclasses.replace(BASE, output_dir=str(tmp_path / "out"), python=str(step))
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(spec))
+    out = tmp_path / "events"
+    env = {"PATH": f"{fakes / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "SRUN_RECORD": str(tmp_path / "srun.argv"),
+           "OUT": str(out)}  # fmt: skip
+    with subprocess.Popen(["bash", str(script)], env=env) as shell:
+        deadline = time.monotonic() + 10
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shell.send_signal(signal.SIGTERM)  # only noted: the shell keeps waiting for the step
+        time.sleep(0.3)
+        assert shell.poll() is None
+        shell.send_signal(signal.SIGUSR2)  # passed on to the step
+        assert shell.wait(timeout=10) == 5
+    assert out.read_text().split() == ["started", "got-usr2"]
+
+
+# --- the real cluster ---------------------------------------------------------------------------
+
+SHOW_RANK = """import json, os, sys
+print("SHOW " + json.dumps({"rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"]),
+      "argv": sys.argv[1:], "value": os.environ["SDDP_VALUE"]}), flush=True)
+"""
+HOSTILE_ARGS = ["it's", "a b", "$(touch pwned)", "`touch pwned`", 'q"uote', "日本", "%j"]
+HOSTILE_VALUE = "x 'y' \"z\" $HOME $(touch pwned)\nsecond line"
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_rendered_script_runs_on_the_cluster(slurm_cluster, tmp_path, launcher):
+    """2 nodes x 2 ranks with plain `sbatch --wait`; every rank's log is where the layout says."""
+    target = tmp_path / "show rank.py"
+    target.write_text(SHOW_RANK)
+    jobs = tmp_path / "jobs 100%"  # Slurm log paths need the % escaped, mkdir must not
+    jobs.mkdir()
+    spec = build_spec(
+        [str(target), *HOSTILE_ARGS], nodes="2", ntasks_per_node=2, launcher=launcher,
+        output_dir=str(jobs), job_name=f"slurmddp 'test' {launcher}", time="5",
+        env=[f"SDDP_VALUE={HOSTILE_VALUE}", "OMP_NUM_THREADS=1"], python=sys.executable,
+    )  # fmt: skip
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(spec))
+    r = slurm_cluster.run(["sbatch", "--wait", "--parsable", str(script)], cwd=tmp_path)
+    job_id = r.stdout.strip().split(";")[0]
+    batch_log = jobs / f"{job_id}.batch.log"
+    assert r.returncode == 0, r.stderr + (batch_log.read_text() if batch_log.exists() else "")
+    assert f"slurmddp: job {job_id}" in batch_log.read_text()
+
+    job_dir = jobs / job_id
+    if launcher == "srun":
+        names = [f"rank-{r}.log" for r in range(4)]
+        per_file = [[r] for r in range(4)]
+    else:  # one torchrun per node, its two workers' lines tagged with their rank
+        names = ["node-0.log", "node-1.log"]
+        per_file = [[0, 1], [2, 3]]
+    assert sorted(p.name for p in job_dir.iterdir()) == names
+    shown = [tagged_json((job_dir / name).read_text(), "SHOW ") for name in names]
+    # torchrun's rendezvous, not Slurm's node order, decides which node runs ranks 0 and 1.
+    assert sorted(sorted(s["rank"] for s in file) for file in shown) == per_file
+    for s in (s for file in shown for s in file):
+        assert (s["world"], s["argv"], s["value"]) == (4, HOSTILE_ARGS, HOSTILE_VALUE)
+    assert not list(tmp_path.rglob("pwned"))
+
+
+NASTY_NAMES = ["a b", "it's", 'say "hi"', "a#b # c", "back\\slash\\", "$(touch pwned)`id`;x",
+               "日本 ünï", "%j %x", "--", "x hetjob y", "'", "=a=b="]  # fmt: skip
+
+
+@pytest.mark.cluster
+def test_sbatch_reads_directive_values_back_verbatim(slurm_cluster, tmp_path):
+    """Job names and a --comment sbatch argument survive sbatch's own #SBATCH parsing."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    seen = {}
+    ids = []
+    try:
+        for i, name in enumerate(NASTY_NAMES):
+            spec = dataclasses.replace(BASE, job_name=name, output_dir=str(jobs),
+                                       sbatch_args=(f"--comment={name}",))  # fmt: skip
+            script = tmp_path / f"job{i}.sh"
+            script.write_text(render_script(spec))
+            r = slurm_cluster.run(["sbatch", "--hold", "--parsable", str(script)])
+            assert r.returncode == 0, (name, r.stderr)
+            job_id = r.stdout.strip().split(";")[0]
+            ids.append(job_id)
+            q = slurm_cluster.run(["squeue", "-h", "-j", job_id, "-o", "%j\x1f%k"])
+            seen[name] = tuple(q.stdout.rstrip("\n").split("\x1f"))
+    finally:
+        if ids:
+            slurm_cluster.run(["scancel", *ids])
+    assert seen == {name: (name, name) for name in NASTY_NAMES}
+    assert not list(tmp_path.rglob("pwned"))
