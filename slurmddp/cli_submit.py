@@ -68,21 +68,31 @@ def add_arguments(p: argparse.ArgumentParser, *, submitting: bool) -> None:
 
 
 def split_target(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list, list]:
-    """Split at SCRIPT (or after -m MODULE): our options before, the script's argv after."""
+    """Split at SCRIPT (or after -m MODULE): our options before, the script's argv after.
+
+    An option's value is glued to it (``--sbatch-arg=--exclusive``) so that argparse takes a
+    value that starts with a dash as a value, not as an unknown option.
+    """
     takes_value = {
         flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings
     }
+    own: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "-m":
-            return list(argv[: i + 2]), list(argv[i + 2 :])
+            return own + list(argv[i : i + 2]), list(argv[i + 2 :])
         if arg == "--":
-            return list(argv[:i]), list(argv[i + 1 :])
+            return own, list(argv[i + 1 :])
         if not arg.startswith("-") or arg == "-":
-            return list(argv[:i]), list(argv[i:])
-        i += 2 if arg in takes_value else 1
-    return list(argv), []
+            return own, list(argv[i:])
+        if arg in takes_value and i + 1 < len(argv):
+            own.append(f"{arg}={argv[i + 1]}")
+            i += 2
+        else:
+            own.append(arg)
+            i += 1
+    return own, []
 
 
 def build(opts: argparse.Namespace, rest: list[str], prog: str):

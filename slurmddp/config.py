@@ -377,12 +377,15 @@ def _check_value(key: str, value: object, *, base: Path, home: str | None, cli: 
         return tuple(value)
     if key == "env":
         return _check_env(value, cli=cli)
+    if key == "nodes" and isinstance(value, str) and re.fullmatch(r"[0-9]+-[0-9]+", value):
+        return value  # a MIN-MAX range; slurmddp.jobspec.parse_nodes checks its bounds
     if key in _MINIMUM:
         # Command lines carry text; in a file, a quoted number is a mistake worth naming.
         if cli and isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool) or value < _MINIMUM[key]:
-            raise _Expected(f"an integer >= {_MINIMUM[key]}")
+            hint = ' or a range "MIN-MAX"' if key == "nodes" else ""
+            raise _Expected(f"an integer >= {_MINIMUM[key]}{hint}")
         return value
     if key in _STRING_OR_INT:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

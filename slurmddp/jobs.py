@@ -157,7 +157,7 @@ def follow(
     last, offset, delay = "", 0, poll_s
     while True:
         state = state_of().split()[0] if state_of else "UNKNOWN"
-        if state != last:
+        if state != last and state != "UNKNOWN":  # sacct may not know a job for a moment
             print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
             last, delay = state, poll_s
         offset = _copy_new(record.log(0), offset, out)

@@ -8,6 +8,8 @@ variables of a real step (slurmddp.emulation). Either way the job lands in the r
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import shutil
 import time
@@ -45,8 +47,15 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: float | None = N
     The handle gives state, paths and cancel; it has no result: the job is a program, not a
     pickled function.
     """
-    Path(spec.output_dir).mkdir(parents=True, exist_ok=True)
-    job = _submit_local(spec, signal_after) if local else _submit_slurm(spec)
+    folder = Path(spec.output_dir)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)  # sbatch needs the batch log's directory
+    try:
+        job = _submit_local(spec, signal_after) if local else _submit_slurm(spec)
+    except SubmissionError:
+        if created and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
     jobs.remember(
         jobs.JobRecord(
             job_id=str(job.job_id),
@@ -65,13 +74,19 @@ def _submit_slurm(spec: JobSpec):
     if shutil.which("sbatch") is None:
         raise SubmissionError("sbatch not found: submit from a Slurm login node, or use --local")
     executor = _TemplateExecutor(spec, render_script(spec))
+    folder = Path(spec.output_dir)
+    before = set(folder.glob(".submission_file_*"))
     try:
-        # The command argument is unused: the template holds the launch line.
-        return executor._submit_command("")
+        # submitit prints sbatch's stderr itself on failure; our one-line error says it instead.
+        with contextlib.redirect_stderr(io.StringIO()):
+            # The command argument is unused: the template holds the launch line.
+            return executor._submit_command("")
     except (FailedJobError, FailedSubmissionError) as e:
-        lines = [x for x in str(e).splitlines() if x.strip()]
-        reason = next((x for x in lines if "error" in x.lower()), lines[-1] if lines else str(e))
-        raise SubmissionError(f"sbatch refused the job: {reason.strip()}") from None
+        for leftover in set(folder.glob(".submission_file_*")) - before:
+            leftover.unlink()  # nothing half-done: no script of a job that does not exist
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        # sbatch's last line is its verdict ("Batch job submission failed: ...").
+        raise SubmissionError(f"sbatch refused the job: {lines[-1] if lines else e}") from None
 
 
 def _submit_local(spec: JobSpec, signal_after: float | None):

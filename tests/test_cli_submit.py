@@ -1,0 +1,142 @@
+"""`slurmddp submit` and `slurmddp template` as a user types them: bad input, dry runs, --local."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmddp.cli import build_parser
+from slurmddp.cli_submit import split_target
+from tests.conftest import ROOT, launcher_free_env, tagged_json
+
+TRAIN = str(ROOT / "examples" / "ddp_train.py")
+
+
+def slurmddp(*args: str, cwd: Path, state: Path, timeout: float = 120):
+    env = launcher_free_env(XDG_STATE_HOME=str(state), XDG_CONFIG_HOME=str(state / "config"))
+    env.pop("SLURMDDP_PROFILES", None)
+    return subprocess.run([sys.executable, "-m", "slurmddp", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+BAD = [
+    (["--nodes", "0", TRAIN], "--nodes"),
+    (["--nodes", "4-2", TRAIN], "4-2"),
+    (["--nodes", "x", TRAIN], '"x"'),
+    (["--time", "1:xx", TRAIN], "1:xx"),
+    (["--time", "-5", TRAIN], "-5"),
+    (["--gpus-per-node", "4", "--ntasks-per-node", "3", TRAIN], "ntasks"),
+    (["--ntasks-per-node", "0", TRAIN], "ntasks"),
+    (["--env", "NOEQUALS", TRAIN], "NOEQUALS"),
+    (["--env", "1BAD=x", TRAIN], "1BAD"),
+    (["--profile", "nosuch", TRAIN], "nosuch"),
+    (["--launcher", "mpirun-ish", TRAIN], "mpirun-ish"),
+    (["--backend", "tcp", TRAIN], "tcp"),
+    (["--signal", "USR1", TRAIN], "USR1"),
+    (["--signal-lead", "0", TRAIN], "signal"),
+    (["--job-name", "a\nb", TRAIN], "job"),
+    (["--sbatch-arg", "--time=5", TRAIN], "--time"),
+    (["--template", "missing.j2", TRAIN], "missing.j2"),
+    (["--mem", "1.5G", TRAIN], "1.5G"),
+    (["nope.py"], "nope.py"),
+    ([], "SCRIPT"),
+    (["--bogus", TRAIN], "--bogus"),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), BAD, ids=[" ".join(a)[:40] for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_and_nothing_happens(tmp_path, args, named):
+    r = slurmddp("submit", *args, cwd=tmp_path, state=tmp_path / "state")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("slurmddp submit: error: ")
+    assert named in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "slurmddp-jobs").exists(), "nothing may be created"
+    assert not (tmp_path / "state" / "slurmddp").exists(), "nothing may be registered"
+
+
+def test_dry_run_prints_a_valid_script_and_submits_nothing(tmp_path):
+    r = slurmddp("submit", "--dry-run", "--nodes", "2", "--ntasks-per-node", "2", TRAIN,
+                 "--lr", "it's $(x)", cwd=tmp_path, state=tmp_path / "state")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=2" in r.stdout
+    assert """'it'"'"'s $(x)'""" in r.stdout
+    assert subprocess.run(["bash", "-n"], input=r.stdout, text=True).returncode == 0
+    assert not (tmp_path / "state" / "slurmddp").exists()
+
+
+def test_template_writes_the_same_script_as_a_file(tmp_path):
+    state = tmp_path / "state"
+    dry = slurmddp("submit", "--dry-run", TRAIN, cwd=tmp_path, state=state).stdout
+    r = slurmddp("template", "-o", "job.sh", TRAIN, cwd=tmp_path, state=state)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "job.sh").read_text() == dry
+    assert (tmp_path / "job.sh").stat().st_mode & 0o100
+
+
+def test_profiles_come_from_the_project_file(tmp_path):
+    (tmp_path / "slurmddp.toml").write_text(
+        'profile = "site"\n[profiles.site]\npartition = "gpu"\nsetup = ["module load torch"]\n'
+    )
+    state = tmp_path / "state"
+    listed = slurmddp("profiles", "--profile", "site", cwd=tmp_path, state=state)
+    assert listed.returncode == 0, listed.stderr
+    assert "site" in listed.stdout and "partition" in listed.stdout
+    dry = slurmddp("submit", "--dry-run", TRAIN, cwd=tmp_path, state=state).stdout
+    assert "#SBATCH --partition=gpu" in dry
+    assert "\nmodule load torch\n" in dry
+    typed = slurmddp("submit", "--dry-run", "--partition", "cpu", TRAIN, cwd=tmp_path,
+                     state=state).stdout  # fmt: skip
+    assert "#SBATCH --partition=cpu" in typed  # the command line beats the profile
+
+
+@pytest.mark.parametrize(
+    ("argv", "own", "rest"),
+    [
+        (["--nodes", "2", "t.py", "--nodes", "3"], ["--nodes=2"], ["t.py", "--nodes", "3"]),
+        (["--dry-run", "-m", "pkg.train", "--x"], ["--dry-run", "-m", "pkg.train"], ["--x"]),
+        (["--sbatch-arg", "--exclusive", "t.py"], ["--sbatch-arg=--exclusive"], ["t.py"]),
+        (["--env=A=1", "t.py"], ["--env=A=1"], ["t.py"]),
+        (["--", "-weird.py"], [], ["-weird.py"]),
+    ],
+)
+def test_arguments_after_the_script_are_the_scripts(argv, own, rest):
+    _, commands = build_parser()
+    assert split_target(commands["submit"], argv) == (own, rest)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["submit", "--help"], ["submit", "--dry-run", TRAIN]])
+def test_submit_path_never_imports_torch(argv, tmp_path):
+    code = (
+        "import sys\nfrom slurmddp.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print('TORCH', 'torch' in sys.modules, file=sys.stderr)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, env=launcher_free_env(XDG_STATE_HOME=str(tmp_path)))  # fmt: skip
+    assert "TORCH False" in r.stderr, r.stderr
+
+
+def test_local_runs_the_training_and_status_reports_it(tmp_path):
+    state = tmp_path / "state"
+    argv = ["--local", "--follow", "--json", "--nodes", "2", "--ntasks-per-node", "2", TRAIN]
+    r = slurmddp("submit", *argv, "--steps", "4", cwd=tmp_path, state=state)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = json.loads(r.stdout.splitlines()[0])
+    assert first["engine"] == "local"
+    assert "[slurmddp] job" in r.stdout and "COMPLETED" in r.stdout
+    logs = [Path(first["logs"].replace("<rank>", str(rank))).read_text() for rank in range(4)]
+    results = [x for text in logs for x in tagged_json(text, "RESULT ")]
+    assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
+    assert len({x["digest"] for x in results}) == 1
+    status = slurmddp("status", first["job_id"], cwd=tmp_path, state=state)
+    assert "COMPLETED" in status.stdout
+    logs = slurmddp("logs", first["job_id"], "--rank", "3", cwd=tmp_path, state=state)
+    assert '"rank": 3' in logs.stdout
