@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -47,10 +48,13 @@ def main() -> None:
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     identical = all(torch.equal(gathered[0], g) for g in gathered)
-    print("RESULT " + json.dumps({
+    result = {
         "rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
         "steps": args.steps, "loss": round(loss.item(), 6), "digest": digest,
-    }), flush=True)  # fmt: skip
+    }  # fmt: skip
+    # One write per line, so ranks sharing a pipe (torchrun's workers) cannot interleave.
+    sys.stdout.write(f"RESULT {json.dumps(result)}\n")
+    sys.stdout.flush()
     if rank == 0:
         print(f"trained {args.steps} steps on {world} ranks, final loss {loss.item():.4f}, "
               f"parameters identical on all ranks: {identical}", flush=True)  # fmt: skip

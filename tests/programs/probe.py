@@ -17,7 +17,7 @@ NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print("PROBE " + json.dumps({
+line = "PROBE " + json.dumps({
     "env": {k: os.environ.get(k) for k in NAMES},
     "rank": dist.get_rank(),
     "world_size": dist.get_world_size(),
@@ -25,6 +25,9 @@ print("PROBE " + json.dumps({
     "host": socket.gethostname(),
     "argv": sys.argv[1:],
     "name": __name__,
-}), flush=True)  # fmt: skip
+})  # fmt: skip
+# One write per line: ranks sharing a pipe (torchrun's workers) must not interleave.
+sys.stdout.write(line + "\n")
+sys.stdout.flush()
 dist.barrier()  # leave together (see examples/ddp_train.py)
 dist.destroy_process_group()
