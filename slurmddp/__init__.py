@@ -16,14 +16,22 @@ _LAZY = {
     "resolve": "slurmddp.env",
     "bootstrap": "slurmddp.bootstrap",
     "init": "slurmddp.process_group",
+    "JobSpec": "slurmddp.jobspec",
+    "build_spec": "slurmddp.jobspec",
+    "submit": "slurmddp.submission",
 }
 
-__all__ = ["DistEnv", "EnvError", "__version__", "bootstrap", "init", "resolve"]
+__all__ = [
+    "DistEnv", "EnvError", "JobSpec", "__version__", "bootstrap", "build_spec", "init", "resolve",
+    "submit",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     from slurmddp.bootstrap import bootstrap
     from slurmddp.env import DistEnv, EnvError, resolve
+    from slurmddp.jobspec import JobSpec, build_spec
     from slurmddp.process_group import init
+    from slurmddp.submission import submit
 
 
 def __getattr__(name: str) -> Any:

@@ -140,3 +140,35 @@ def test_local_runs_the_training_and_status_reports_it(tmp_path):
     assert "COMPLETED" in status.stdout
     logs = slurmddp("logs", first["job_id"], "--rank", "3", cwd=tmp_path, state=state)
     assert '"rank": 3' in logs.stdout
+
+
+def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
+    import slurmddp
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    spec = slurmddp.build_spec([str(script)], nodes=1, ntasks_per_node=2,
+                               output_dir=str(tmp_path / "jobs"))  # fmt: skip
+    job = slurmddp.submit(spec, local=True)
+    job._process.wait(timeout=60)
+    assert job.state == "FINISHED"  # submitit's own state of a local job
+    logs = sorted((tmp_path / "jobs").glob(f"{job.job_id}_*_log.out"))
+    assert [p.read_text() for p in logs] == ["hello from 0\n", "hello from 1\n"]
+
+
+def test_local_delivers_the_preemption_signal_after_the_given_time(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import signal, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR2, lambda *a: got.append(1))\n"
+        "deadline = time.time() + 60\n"
+        "while not got and time.time() < deadline:\n"
+        "    time.sleep(0.1)\n"
+        "print('USR2' if got else 'no signal', flush=True)\n"
+    )
+    argv = ["--local", "--follow", "--json", "--local-signal-after", "2", "--signal-lead", "30"]
+    r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "USR2" in r.stdout

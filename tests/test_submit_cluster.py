@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,26 @@ def test_sbatch_refusal_is_one_line(slurm_cluster, tmp_path):
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "Invalid partition name" in r.stderr
     assert not (tmp_path / "slurmddp-jobs").exists(), "a refused job leaves nothing behind"
+
+
+def test_cancel_and_logs_of_a_running_job(slurm_cluster, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    job = submitted(slurmddp(slurm_cluster, "submit", "--json", str(script), cwd=tmp_path))
+    log = Path(job["job_dir"]) / job["job_id"] / "rank-0.log"
+    for _ in range(120):
+        if log.exists() and "started" in log.read_text():
+            break
+        time.sleep(0.5)
+    logs = slurmddp(slurm_cluster, "logs", job["job_id"], cwd=tmp_path)
+    assert logs.stdout == "started\n"
+    cancel = slurmddp(slurm_cluster, "cancel", job["job_id"], cwd=tmp_path)
+    assert cancel.returncode == 0, cancel.stderr
+    for _ in range(60):
+        status = slurmddp(slurm_cluster, "status", job["job_id"], cwd=tmp_path).stdout
+        if "CANCELLED" in status:
+            break
+        time.sleep(1)
+    assert "CANCELLED" in status
+    unknown = slurmddp(slurm_cluster, "logs", "999999", cwd=tmp_path)
+    assert unknown.returncode == 2 and "was not submitted with slurmddp" in unknown.stderr
