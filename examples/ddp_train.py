@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -62,8 +62,9 @@ def main() -> None:
     # the last collective makes that one abort ("terminate called without an active exception").
     dist.barrier()
     dist.destroy_process_group()
-    raise SystemExit(0 if identical else 1)
+    return 0 if identical else 1
 
 
 if __name__ == "__main__":
-    main()
+    # Exit after main() returns, so that its model and process group are freed first.
+    raise SystemExit(main())

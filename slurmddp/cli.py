@@ -56,7 +56,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return p, commands
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int | str | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else None
     if command == "run":

@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = e.code
         raise
     finally:
+        if isinstance(status, str):
+            print(status, file=sys.stderr)  # what sys.exit("message") would have printed
         code = status if isinstance(status, int) else (0 if status is None else 1)
         jobs.local_exit_path(opts.folder, job_id, rank).write_text(f"{code}\n")
     return code

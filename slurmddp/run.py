@@ -14,6 +14,7 @@ Everything after SCRIPT (or after ``-m MODULE``) belongs to the script, verbatim
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import runpy
 import sys
@@ -70,8 +71,8 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
-def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
-    """Entry point; returns the exit status (the script's own, via SystemExit)."""
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | None:
+    """Entry point; returns the script's exit status (a SystemExit code, for sys.exit)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(prog)
     own, rest = split_argv(argv)
@@ -93,16 +94,31 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
 
         prefix_output(dist.rank, dist.world_size)
 
-    if opts.module is not None:
-        sys.argv = [opts.module, *rest]
-        runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
-    else:
-        script = rest[0]
-        sys.argv = list(rest)
-        # As `python script.py` does: the script's own directory comes first on sys.path.
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-        runpy.run_path(script, run_name="__main__")
+    try:
+        _execute(opts.module, rest)
+    except SystemExit as e:
+        status = e.code
+        # The exception's traceback holds the script's frames, and with them its DDP model and
+        # process group. Freed only at interpreter finalization, gloo's threads can abort the
+        # process there ("terminate called without an active exception"): free them now.
+        e.__traceback__ = None
+        del e
+        gc.collect()
+        return status
+    gc.collect()
     return 0
+
+
+def _execute(module: str | None, rest: list[str]) -> None:
+    if module is not None:
+        sys.argv = [module, *rest]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    script = rest[0]
+    sys.argv = list(rest)
+    # As `python script.py` does: the script's own directory comes first on sys.path.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

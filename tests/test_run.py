@@ -163,3 +163,23 @@ def test_cli_never_imports_torch(argv):
     r = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert "TORCH False" in r.stdout, r.stdout + r.stderr
+
+
+def test_script_objects_are_freed_before_the_interpreter_shuts_down(tmp_path):
+    # A SystemExit raised inside main() keeps main's frame (a DDP model, a process group) alive
+    # in its traceback until finalization, where gloo can abort; the runner frees it first.
+    p = tmp_path / "s.py"
+    p.write_text(
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('atexit', flush=True))\n"
+        "class Held:\n"
+        "    def __del__(self):\n"
+        "        print('freed', flush=True)\n"
+        "def main():\n"
+        "    held = Held()\n"
+        "    raise SystemExit(3)\n"
+        "main()\n"
+    )
+    r = run([str(p)], clean_env())
+    assert r.returncode == 3
+    assert r.stdout == "freed\natexit\n"
