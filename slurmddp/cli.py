@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int | str | None:
         # The runner's argv is split by hand: everything after SCRIPT is the script's.
         from slurmddp import run
 
-        return run.main(argv[1:], prog="slurmddp run")
+        run.exit_process(run.main(argv[1:], prog="slurmddp run"))
     parser, commands = build_parser()
     if command in ("submit", "template"):
         from slurmddp import cli_submit

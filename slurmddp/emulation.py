@@ -84,4 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from slurmddp.run import exit_process
+
+    exit_process(main())

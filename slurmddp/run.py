@@ -14,11 +14,13 @@ Everything after SCRIPT (or after ``-m MODULE``) belongs to the script, verbatim
 from __future__ import annotations
 
 import argparse
-import gc
+import atexit
+import contextlib
 import os
 import runpy
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from slurmddp.bootstrap import MASTER_HOST_FORMAT_VAR, bootstrap
 from slurmddp.env import EnvError
@@ -97,15 +99,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
     try:
         _execute(opts.module, rest)
     except SystemExit as e:
-        status = e.code
-        # The exception's traceback holds the script's frames, and with them its DDP model and
-        # process group. Freed only at interpreter finalization, gloo's threads can abort the
-        # process there ("terminate called without an active exception"): free them now.
-        e.__traceback__ = None
-        del e
-        gc.collect()
-        return status
-    gc.collect()
+        return e.code
     return 0
 
 
@@ -121,5 +115,25 @@ def _execute(module: str | None, rest: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def exit_process(status: int | str | None) -> NoReturn:
+    """Exit like sys.exit(status), but skip interpreter finalization once torch.distributed ran.
+
+    atexit handlers (logging's flush among them) run, stdout and stderr are flushed; then, if the
+    script used torch.distributed, the process ends with os._exit: torch's gloo teardown during
+    finalization can abort a rank that has finished its work ("terminate called without an
+    active exception"), and srun --kill-on-bad-exit then fails the whole job.
+    """
+    if "torch.distributed" not in sys.modules:
+        sys.exit(status)
+    if isinstance(status, str):
+        print(status, file=sys.stderr)
+    code = status if isinstance(status, int) else (0 if status is None else 1)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
