@@ -172,3 +172,24 @@ def test_local_delivers_the_preemption_signal_after_the_given_time(tmp_path):
     r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "USR2" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("template", "expected", "status"),
+    [
+        ("#!/bin/bash\n#SBATCH --job-name={{ job_name | directive }}\necho {{ python | sh }}\n",
+         "#SBATCH --job-name=ddp_train", 0),
+        ("{{ no_such_variable }}", "'no_such_variable' is undefined", 2),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "mytemplate.j2", 2),
+        ("{% if %}", "mytemplate.j2' line 1", 2),
+    ],
+    ids=["renders", "strict-undefined", "sandboxed", "syntax-error"],
+)  # fmt: skip
+def test_user_templates_are_rendered_sandboxed_and_strict(tmp_path, template, expected, status):
+    (tmp_path / "mytemplate.j2").write_text(template)
+    r = slurmddp("submit", "--dry-run", "--template", "mytemplate.j2", TRAIN, cwd=tmp_path,
+                 state=tmp_path / "state")  # fmt: skip
+    assert r.returncode == status, r.stderr
+    assert expected in (r.stdout if status == 0 else r.stderr)
+    if status:
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
