@@ -168,7 +168,7 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
         "name": record.name,
         "engine": record.engine,
         "job_dir": record.folder,
-        "logs": str(record.log(0)).replace("rank-0", "rank-<rank>").replace("_0_", "_<rank>_"),
+        "logs": str(record.log("<rank>")),
     }
     if opts.json:
         print(json.dumps(summary))

@@ -44,8 +44,8 @@ class JobRecord:
     # Where each rank's output goes, formatted with folder, job_id and rank.
     log_pattern: str = SLURM_LOG_PATTERN
 
-    def log(self, rank: int = 0) -> Path:
-        """Rank `rank`'s output."""
+    def log(self, rank: int | str = 0) -> Path:
+        """Rank `rank`'s output (a placeholder such as "<rank>" shows the pattern)."""
         return Path(self.log_pattern.format(folder=self.folder, job_id=self.job_id, rank=rank))
 
 
@@ -156,7 +156,8 @@ def follow(
     """
     last, offset, delay = "", 0, poll_s
     while True:
-        state = state_of().split()[0] if state_of else "UNKNOWN"
+        # sacct says "CANCELLED by 0", or nothing at all for a job it does not know yet.
+        state = (state_of().split() or ["UNKNOWN"])[0]
         if state != last and state != "UNKNOWN":  # sacct may not know a job for a moment
             print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
             last, delay = state, poll_s
