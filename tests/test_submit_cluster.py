@@ -39,8 +39,10 @@ def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp
                  "--ntasks-per-node", "2", TRAIN, "--steps", "6", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     job = submitted(r)
-    for state in ("RUNNING", "COMPLETED"):
-        assert f"[slurmddp] job {job['job_id']}: {state}" in r.stdout
+    # RUNNING may fall between two polls (sacct can learn of the start late); the end may not.
+    states = [x.rsplit(": ", 1)[1] for x in r.stdout.splitlines() if x.startswith("[slurmddp]")]
+    assert states[-1] == "COMPLETED", r.stdout
+    assert set(states) <= {"PENDING", "RUNNING", "COMPLETING", "COMPLETED"}, states
     assert "parameters identical on all ranks: True" in r.stdout  # rank 0's log, streamed
     results = rank_results(job)
     assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
