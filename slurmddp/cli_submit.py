@@ -60,8 +60,9 @@ def add_arguments(p: argparse.ArgumentParser, *, submitting: bool) -> None:
         p.add_argument("--json", action="store_true", help="print the submission as JSON")
         p.add_argument("--local", action="store_true",
                        help="run here without Slurm: nodes x tasks processes")  # fmt: skip
-        p.add_argument("--local-signal-after", type=float, metavar="S",
-                       help="with --local: send the preemption signal after S seconds")  # fmt: skip
+        p.add_argument("--local-signal-after", type=_seconds_list, metavar="S[,S...]",
+                       help="with --local: send the stop signal S seconds into each run, one "
+                       "value per run (preempting it that often)")  # fmt: skip
     else:
         p.add_argument("-o", "--output-file", dest="output_file", metavar="FILE",
                        help="write the script here (default: standard output)")  # fmt: skip
@@ -158,7 +159,7 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     from slurmddp import jobs, submission
 
     try:
-        job = submission.submit(spec, local=opts.local, signal_after=opts.local_signal_after)
+        job = submission.submit(spec, local=opts.local, signal_after=opts.local_signal_after or ())
     except submission.SubmissionError as e:
         fail(str(e), prog=prog, status=1)
     record = jobs.find(str(job.job_id))
@@ -192,6 +193,18 @@ def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     else:
         sys.stdout.write(script)
     return 0
+
+
+def _seconds_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0 <= v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of seconds: give e.g. 5 or 5,8 (one value per run)"
+        )
+    return values
 
 
 def _text(value: object) -> str | None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
-from slurmddp import hostlist
+from slurmddp import hostlist, preemption
 
 LOCAL_HOST = "localhost"
 
@@ -55,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--ntasks-per-node", type=int, required=True)
     p.add_argument("--folder", required=True)
+    p.add_argument("--signal", default=preemption.DEFAULT_SIGNAL)
+    p.add_argument("--max-requeues", type=int, default=preemption.DEFAULT_MAX_REQUEUES)
+    p.add_argument("--signal-after", type=float, action="append", default=[], metavar="S",
+                   help="send the stop signal S seconds into the run; once per run, in order")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("target", nargs=argparse.REMAINDER)
     opts = p.parse_args(argv)
@@ -66,6 +73,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         key, _, value = pair.partition("=")
         os.environ[key] = value
     os.environ.update(step_environment(rank, opts.nodes, opts.ntasks_per_node, job_id))
+    # What the batch script gives a Slurm run, with submitit's requeue in place of scontrol's:
+    # requeue() counts the restarts in this file.
+    counter = restart_counter_path(opts.folder, job_id)
+    restart = int(counter.read_text()) if counter.exists() else 0
+    os.environ.update({
+        "SLURM_RESTART_COUNT": str(restart),
+        preemption.SIGNAL_VAR: opts.signal,
+        preemption.MAX_REQUEUES_VAR: str(opts.max_requeues),
+        preemption.LOCAL_RESTART_FILE_VAR: str(counter),
+    })  # fmt: skip
+    if rank == 0:
+        print(f"slurmddp: local job {job_id} (restart {restart})", file=sys.stderr, flush=True)
+    if restart < len(opts.signal_after):
+        _signal_later(opts.signal_after[restart], preemption.stop_signal(os.environ))
 
     from slurmddp import jobs, run
 
@@ -81,6 +102,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = status if isinstance(status, int) else (0 if status is None else 1)
         jobs.local_exit_path(opts.folder, job_id, rank).write_text(f"{code}\n")
     return code
+
+
+def restart_counter_path(folder: str, job_id: str) -> Path:
+    """Where a local job counts its restarts (written by rank 0 when it asks for a requeue)."""
+    return Path(folder) / f"{job_id}_restarts"
+
+
+def _signal_later(seconds: float, sig: signal.Signals) -> None:
+    # As srun does for Slurm's warning, every task gets the signal, each from its own timer.
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), sig))
+    timer.daemon = True
+    timer.start()
 
 
 if __name__ == "__main__":

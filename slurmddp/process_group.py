@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 
-from slurmddp import placement
+from slurmddp import placement, preemption
 from slurmddp.bootstrap import bootstrap
 from slurmddp.env import DistEnv
 
@@ -20,6 +20,8 @@ def init(
 ) -> DistEnv:
     """Resolve this rank, export torchrun's variables, set the device and join the process group.
 
+    Also installs the stop-signal handlers of `slurmddp.should_stop`.
+
     `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi. `timeout` (seconds or a
     timedelta) bounds start-up and every collective; None keeps torch's default. Calling it
     again returns the same `DistEnv` without touching the existing group.
@@ -28,6 +30,7 @@ def init(
     import torch.distributed as td
 
     dist = bootstrap(master_host_format=master_host_format)
+    preemption.install()
     if td.is_initialized():
         return dist
 

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from slurmddp import preemption
 from slurmddp.bootstrap import MASTER_HOST_FORMAT_VAR, bootstrap
 from slurmddp.env import EnvError
 from slurmddp.errors import fail
@@ -88,6 +89,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         dist = bootstrap(master_host_format=opts.master_host_format)
     except EnvError as e:
         fail(f"cannot resolve this rank: {e}", prog=prog)
+    # Before the script runs: the stop signal must set the flag, not end the rank.
+    preemption.install()
     if opts.print_env:
         for name, value, source in dist.rows():
             print(f"{name:>16} = {value:<20} ({source})", file=sys.stderr)

@@ -13,6 +13,7 @@ import io
 import shlex
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import submitit
@@ -40,10 +41,10 @@ class _TemplateExecutor(submitit.SlurmExecutor):
         return self._script
 
 
-def submit(spec: JobSpec, *, local: bool = False, signal_after: float | None = None):
+def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] = ()):
     """Submit `spec` and return its submitit job handle (a SlurmJob, or a LocalJob when local).
 
-    `signal_after` (local only) delivers the preemption signal after that many seconds.
+    `signal_after` (local only): seconds into each run to send the stop signal, one per run.
     The handle gives state, paths and cancel; it has no result: the job is a program, not a
     pickled function.
     """
@@ -89,19 +90,16 @@ def _submit_slurm(spec: JobSpec):
         raise SubmissionError(f"sbatch refused the job: {lines[-1] if lines else e}") from None
 
 
-def _submit_local(spec: JobSpec, signal_after: float | None):
+def _submit_local(spec: JobSpec, signal_after: Sequence[float]):
     executor = submitit.LocalExecutor(folder=spec.output_dir, python=shlex.quote(spec.python))
     tasks = spec.nodes_max * spec.ntasks_per_node
-    lead = spec.signal_lead
-    if signal_after is not None:
-        # submitit signals `signal_delay_s` before its time-out: place the time-out after that.
-        timeout_s = signal_after + lead
-    else:
-        timeout_s = (spec.time_minutes or 60 * 24 * 365) * 60
+    # submitit's controller signals each run `signal_delay_s` before its time-out, as Slurm does
+    # before the time limit, and starts the tasks again when they ask to be requeued.
+    timeout_s = (spec.time_minutes or 60 * 24 * 365) * 60
     executor.update_parameters(
         tasks_per_node=tasks,
         timeout_min=timeout_s / 60,
-        signal_delay_s=lead,
+        signal_delay_s=spec.signal_lead,
         setup=list(spec.setup),
     )
     command = [
@@ -109,6 +107,9 @@ def _submit_local(spec: JobSpec, signal_after: float | None):
         "--nodes", str(spec.nodes_max),
         "--ntasks-per-node", str(spec.ntasks_per_node),
         "--folder", str(Path(spec.output_dir).resolve()),
+        "--signal", spec.signal,
+        "--max-requeues", str(spec.max_requeues if spec.requeue else 0),
+        *[f"--signal-after={s}" for s in signal_after],
         *[f"--env={k}={v}" for k, v in spec.env],
         "--", *spec.target,
     ]  # fmt: skip

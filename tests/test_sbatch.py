@@ -132,7 +132,7 @@ def test_log_paths_escape_percent_for_slurm_but_not_for_mkdir():
     ctx = context(CASES["setup_env_args"])
     assert ctx["batch_log"] == "/scratch/my runs/100%%/%j.batch.log"
     assert ctx["rank_log"] == "/scratch/my runs/100%%/%j/rank-%t.log"
-    assert "mkdir -p -- '/scratch/my runs/100%'/\"$SLURM_JOB_ID\"" in render_script(
+    assert "job_dir='/scratch/my runs/100%'/\"$SLURM_JOB_ID\"" in render_script(
         CASES["setup_env_args"]
     )
 
@@ -254,7 +254,7 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
             assert argv == ["-m", "slurmddp.run", *spec.target]
         else:
             tail = ["-m", "slurmddp.run", "--tag-output", *spec.target]
-            assert argv[:2] == ["-m", "torch.distributed.run"] and argv[-len(tail) :] == tail
+            assert argv[:2] == ["-m", "slurmddp.agent"] and argv[-len(tail) :] == tail
             assert "--rdzv-endpoint=n1:29400" in argv and "--rdzv-id=4242" in argv
         for key, value in dict(spec.env).items():
             assert record["env"][key] == value
@@ -350,7 +350,7 @@ def test_rendered_script_runs_on_the_cluster(slurm_cluster, tmp_path, launcher):
     else:  # one torchrun per node, its two workers' lines tagged with their rank
         names = ["node-0.log", "node-1.log"]
         per_file = [[0, 1], [2, 3]]
-    assert sorted(p.name for p in job_dir.iterdir()) == names
+    assert sorted(p.name for p in job_dir.iterdir()) == sorted([*names, "done"])
     shown = [tagged_json((job_dir / name).read_text(), "SHOW ") for name in names]
     # torchrun's rendezvous, not Slurm's node order, decides which node runs ranks 0 and 1.
     assert sorted(sorted(s["rank"] for s in file) for file in shown) == per_file

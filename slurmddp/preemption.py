@@ -1,0 +1,264 @@
+"""The stop protocol: signal, agreed stop at a step boundary, checkpoint, requeue.
+
+    slurmddp.init()                      # or run under `python -m slurmddp.run`: handlers installed
+    for step in range(start, steps):
+        train_step()
+        if slurmddp.should_stop():       # same answer on every rank
+            ckpt.save(step + 1, state)
+            slurmddp.requeue()           # ends the process; the job comes back and resumes
+    slurmddp.mark_done()                 # a late signal can no longer requeue the job
+
+The stop signal (``$SLURMDDP_SIGNAL``, USR2 unless the batch script says otherwise) and SIGTERM
+only set a flag: a handler that wrote a checkpoint or joined a collective could deadlock, since
+it runs between two bytecodes of whatever the rank was doing. `should_stop` turns the flags of
+all ranks into one answer with a single all_reduce.
+
+Who requeues (`requeue_route`): the batch shell of ``slurmddp submit`` when it asked for it
+(``$SLURMDDP_REQUEUE_FILE``: rank 0 leaves the reason there, the shell runs ``scontrol requeue``,
+so ranks need no Slurm tools, e.g. in a container); the local emulation by submitit's requeue exit
+status; otherwise rank 0 runs ``scontrol requeue`` itself, inside any Slurm job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NoReturn
+
+SIGNAL_VAR = "SLURMDDP_SIGNAL"
+REQUEUE_FILE_VAR = "SLURMDDP_REQUEUE_FILE"
+DONE_FILE_VAR = "SLURMDDP_DONE_FILE"
+MAX_REQUEUES_VAR = "SLURMDDP_MAX_REQUEUES"
+LOCAL_RESTART_FILE_VAR = "SLURMDDP_LOCAL_RESTART_FILE"
+DEFAULT_SIGNAL = "USR2"
+DEFAULT_MAX_REQUEUES = 3
+
+# submitit's LocalExecutor starts the tasks again when one exits with this status.
+LOCAL_REQUEUE_STATUS = 144
+# Stopped for good without finishing (no requeue left, or nothing can requeue): EX_TEMPFAIL,
+# "try again later", which is what resubmitting from the checkpoint does.
+NOT_REQUEUED_STATUS = 75
+
+_received: int | None = None  # the last stop signal's number; written only by the handler
+_installed: tuple[int, ...] = ()
+_stopping = False  # sticky once every rank agreed
+_done = False
+_calls = 0
+_flag = None  # the all_reduce buffer, allocated once per process
+
+
+def stop_signal(environ: Mapping[str, str]) -> signal.Signals:
+    """The signal that announces preemption or the time limit: ``$SLURMDDP_SIGNAL`` or USR2."""
+    name = environ.get(SIGNAL_VAR) or DEFAULT_SIGNAL
+    try:
+        return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    except KeyError:
+        raise ValueError(f"{SIGNAL_VAR}={name!r} is not a signal name: use e.g. USR2") from None
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _received
+    _received = signum  # nothing else: no I/O, no locks, no collectives
+
+
+def install(environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
+    """Make the stop signal and SIGTERM set the stop flag instead of ending the process.
+
+    Idempotent; a no-op outside the main thread (Python delivers signals only there).
+    Returns the signals handled.
+    """
+    global _installed
+    if threading.current_thread() is not threading.main_thread():
+        return tuple(signal.Signals(s) for s in _installed)
+    if not _installed:
+        sigs = {stop_signal(os.environ if environ is None else environ), signal.SIGTERM}
+        for sig in sigs:
+            signal.signal(sig, _on_signal)
+        _installed = tuple(sorted(sigs))
+    return tuple(signal.Signals(s) for s in _installed)
+
+
+def received() -> signal.Signals | None:
+    """The stop signal this process got, if any (its own flag, not the agreed answer)."""
+    return None if _received is None else signal.Signals(_received)
+
+
+def flag_device(backend: str, cuda_index: int | None) -> str:
+    """Where the agreement tensor must live: NCCL reduces only CUDA tensors, gloo and MPI CPU."""
+    if backend == "nccl":
+        if cuda_index is None:
+            raise RuntimeError("an NCCL group needs a current CUDA device: call slurmddp.init()")
+        return f"cuda:{cuda_index}"
+    return "cpu"
+
+
+def should_stop(every: int = 1, group: object = None) -> bool:
+    """Whether every rank should stop at this step boundary; the same answer on all ranks.
+
+    Call it at the same points on every rank (it is a collective when a process group exists).
+    With `every` > 1 only each `every`-th call communicates; the others return the last answer.
+    True once means True from then on. False after `mark_done`.
+    """
+    global _stopping, _calls
+    if not _installed:
+        install()
+    if _done:
+        return False
+    if _stopping:
+        return True
+    _calls += 1
+    if every > 1 and _calls % every:
+        return False
+    local = _received or 0
+    agreed = _agree(local, group) if "torch.distributed" in sys.modules else local
+    if agreed:
+        _stopping = True
+        if _rank() == 0:
+            print(f"slurmddp: {signal.Signals(agreed).name} received: every rank stops at this "
+                  "step boundary", file=sys.stderr, flush=True)  # fmt: skip
+    return bool(agreed)
+
+
+def _agree(local: int, group: object) -> int:
+    """The largest signal number any rank got (0: none), by one all_reduce of one integer."""
+    import torch
+    import torch.distributed as td
+
+    if not (td.is_available() and td.is_initialized()) or td.get_world_size(group) == 1:
+        return local
+    global _flag
+    backend = td.get_backend(group)
+    cuda = torch.cuda.current_device() if backend == "nccl" else None
+    device = flag_device(backend, cuda)
+    if _flag is None or str(_flag.device) != device:
+        _flag = torch.zeros(1, dtype=torch.int32, device=device)
+    _flag.fill_(local)
+    td.all_reduce(_flag, op=td.ReduceOp.MAX, group=group)
+    return int(_flag.item())
+
+
+def _rank() -> int:
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as td
+
+        if td.is_available() and td.is_initialized():
+            return td.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def requeue_route(environ: Mapping[str, str]) -> str:
+    """Who requeues this job: "batch", "local", "scontrol", or "none" (not a Slurm job)."""
+    if environ.get(REQUEUE_FILE_VAR):
+        return "batch"
+    if environ.get(LOCAL_RESTART_FILE_VAR):
+        return "local"
+    if environ.get("SLURM_JOB_ID"):
+        return "scontrol"
+    return "none"
+
+
+def requeue_target(environ: Mapping[str, str]) -> str:
+    """The id `scontrol requeue` takes: ``<array job>_<task>`` for an array task, else the job."""
+    array_job, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return environ["SLURM_JOB_ID"]
+
+
+def requeue_budget(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(restarts so far, requeues allowed), from SLURM_RESTART_COUNT and $SLURMDDP_MAX_REQUEUES."""
+    restarts = environ.get("SLURM_RESTART_COUNT") or "0"
+    allowed = environ.get(MAX_REQUEUES_VAR) or str(DEFAULT_MAX_REQUEUES)
+    if not (restarts.isascii() and restarts.isdigit() and allowed.isascii() and allowed.isdigit()):
+        raise ValueError(
+            f"SLURM_RESTART_COUNT={restarts!r} or {MAX_REQUEUES_VAR}={allowed!r} is not a count"
+        )
+    return int(restarts), int(allowed)
+
+
+def mark_done() -> None:
+    """Record that the job finished its work: no later signal stops or requeues it.
+
+    Rank 0 also leaves the batch script's done marker, so that a job Slurm requeues anyway
+    (preempted while exiting) does not run again.
+    """
+    global _done
+    _done = True
+    install()  # a late signal must not end the process either
+    path = os.environ.get(DONE_FILE_VAR)
+    if path and _rank() == 0:
+        Path(path).touch()
+
+
+def requeue() -> NoReturn:
+    """End this process so that the job is requeued; call it on every rank after the checkpoint.
+
+    Waits for any asynchronous checkpoint still being written first. Raises SystemExit: status 0
+    when the batch script requeues, submitit's requeue status under local emulation, and
+    75 when no requeue is left or nothing can requeue the job (the message says which).
+    """
+    if "slurmddp.checkpoint" in sys.modules:
+        from slurmddp.checkpoint import wait_for_saves
+
+        wait_for_saves()  # never announce a requeue before the checkpoint is on disk
+    if _done:
+        _say("the job is marked done: not requeued")
+        raise SystemExit(0)
+    why = received()
+    reason = why.name[3:] if why is not None else "request"
+    route = requeue_route(os.environ)
+    rank = _rank()
+    if route == "batch":
+        if rank == 0:
+            _write_atomically(Path(os.environ[REQUEUE_FILE_VAR]), f"{reason}\n")
+        raise SystemExit(0)  # the batch shell decides, after every rank has left
+    if route == "none":
+        _say(f"stopped by {reason} outside a Slurm job: nothing requeues it; run it again to "
+             "resume from the checkpoint")  # fmt: skip
+        raise SystemExit(NOT_REQUEUED_STATUS)
+    restarts, allowed = requeue_budget(os.environ)
+    if restarts >= allowed:
+        _say(f"stopped by {reason} at restart {restarts}: not requeued, the limit of {allowed} "
+             "requeues is reached (--max-requeues); submit again to resume from the checkpoint")
+        raise SystemExit(NOT_REQUEUED_STATUS)
+    if route == "local":
+        if rank == 0:
+            _write_atomically(Path(os.environ[LOCAL_RESTART_FILE_VAR]), f"{restarts + 1}\n")
+            _say(f"stopped by {reason} at restart {restarts}: requeued "
+                 f"({restarts + 1} of {allowed})")  # fmt: skip
+        raise SystemExit(LOCAL_REQUEUE_STATUS)
+    if rank == 0:
+        _scontrol_requeue(requeue_target(os.environ), reason, restarts, allowed)
+    raise SystemExit(0)
+
+
+def _scontrol_requeue(target: str, reason: str, restarts: int, allowed: int) -> None:
+    if shutil.which("scontrol") is None:
+        _say("cannot requeue: scontrol is not on PATH here; submit with `slurmddp submit`, whose "
+             "batch script requeues from outside the ranks")  # fmt: skip
+        raise SystemExit(NOT_REQUEUED_STATUS)
+    done = subprocess.run(["scontrol", "requeue", target], capture_output=True, text=True)
+    if done.returncode != 0:
+        _say(f"scontrol requeue {target} failed: {done.stderr.strip() or done.returncode}")
+        raise SystemExit(NOT_REQUEUED_STATUS)
+    _say(f"stopped by {reason} at restart {restarts}: job {target} requeued "
+         f"({restarts + 1} of {allowed})")  # fmt: skip
+
+
+def _say(message: str) -> None:
+    print(f"slurmddp: {message}", file=sys.stderr, flush=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
