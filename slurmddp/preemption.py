@@ -47,7 +47,7 @@ NOT_REQUEUED_STATUS = 75
 
 _received: int | None = None  # the last stop signal's number; written only by the handler
 _installed: tuple[int, ...] = ()
-_stopping = False  # sticky once every rank agreed
+_stopping: int = 0  # the agreed stop signal's number; sticky once every rank agreed
 _done = False
 _calls = 0
 _flag = None  # the all_reduce buffer, allocated once per process
@@ -118,7 +118,7 @@ def should_stop(every: int = 1, group: object = None) -> bool:
     local = _received or 0
     agreed = _agree(local, group) if "torch.distributed" in sys.modules else local
     if agreed:
-        _stopping = True
+        _stopping = agreed
         if _rank() == 0:
             print(f"slurmddp: {signal.Signals(agreed).name} received: every rank stops at this "
                   "step boundary", file=sys.stderr, flush=True)  # fmt: skip
@@ -210,8 +210,8 @@ def requeue() -> NoReturn:
     if _done:
         _say("the job is marked done: not requeued")
         raise SystemExit(0)
-    why = received()
-    reason = why.name[3:] if why is not None else "request"
+    why = _stopping or _received  # the agreed signal: this rank may not have got one itself
+    reason = signal.Signals(why).name[3:] if why else "request"
     route = requeue_route(os.environ)
     rank = _rank()
     if route == "batch":

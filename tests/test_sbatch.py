@@ -312,6 +312,97 @@ def test_the_signal_reaches_the_step_and_its_status_is_the_jobs(fakes, tmp_path)
     assert out.read_text().split() == ["started", "got-usr2"]
 
 
+# --- the requeue decision, with stand-ins for Slurm's clients --------------------------------
+
+DECISION_SCONTROL = """#!/bin/bash
+echo "scontrol $*" >> "$CALLS"
+case $1 in
+    show) echo "JobId=$SLURM_JOB_ID JobState=RUNNING $SHOW_JOB Partition=debug" ;;
+    requeue) exit "${REQUEUE_STATUS:-0}" ;;
+esac
+"""
+DECISION_SQUEUE = '#!/bin/bash\necho "squeue $*" >> "$CALLS"\necho "$TIME_LEFT"\n'
+# The step: rank 0 leaving the requeue file (or not), then the step's status.
+DECISION_STEP = """#!/bin/bash
+echo step >> "$CALLS"
+if [[ -n ${LEAVE:-} ]]; then printf '%s\\n' "$LEAVE" > "$SLURMDDP_REQUEUE_FILE"; fi
+exit "${STEP_STATUS:-0}"
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "env", "status", "says", "calls"),
+    [
+        ("preempted", {"SHOW_JOB": "PreemptTime=2026-11-22T01:20:58"}, 0,
+         "job 7 stopped (preempted, USR2) at restart 0 after its checkpoint: requeued (1 of 3)",
+         ["scontrol requeue 7"]),
+        ("time-limit", {"TIME_LEFT": "1:50"}, 0,
+         "job 7 stopped (time limit, USR2) at restart 0", ["scontrol requeue 7"]),
+        ("signal-by-hand", {"TIME_LEFT": "1-02:03:04"}, 0,
+         "job 7 stopped (signal USR2) at restart 0", ["scontrol requeue 7"]),
+        ("array-task", {"SLURM_ARRAY_JOB_ID": "6", "SLURM_ARRAY_TASK_ID": "2",
+                        "SLURM_RESTART_COUNT": "1"}, 0,
+         "job 6_2 stopped (signal USR2) at restart 1 after its checkpoint: requeued (2 of 3)",
+         ["scontrol requeue 6_2"]),
+        ("at-the-limit", {"SLURM_RESTART_COUNT": "3"}, 75,
+         "at restart 3 after its checkpoint: not requeued, the limit of 3 requeues "
+         "(--max-requeues) is reached; submit again to resume",
+         ["scontrol update JobId=7 Requeue=0"]),
+        ("requeue-refused", {"REQUEUE_STATUS": "1"}, 75,
+         "scontrol requeue 7 failed: the job ends here; submit again to resume",
+         ["scontrol requeue 7"]),
+    ],
+)  # fmt: skip
+def test_the_batch_shell_requeues_when_rank_0_asks(tmp_path, case, env, status, says, calls):
+    r, out, recorded = run_decision(tmp_path, {"LEAVE": "USR2", **env})
+    assert r.returncode == status, r.stdout + r.stderr
+    assert says in r.stdout + r.stderr
+    assert recorded[0] == "step" and recorded[-1] == calls[-1], recorded
+    assert not (out / "7" / "requeue").exists() and not (out / "7" / "done").exists()
+
+
+def test_a_step_that_ends_without_asking_is_done_and_never_runs_again(tmp_path):
+    r, out, recorded = run_decision(tmp_path, {})
+    assert (r.returncode, recorded) == (0, ["step"]), r.stderr
+    assert (out / "7" / "done").exists()
+    # Requeued anyway (Slurm requeues a job preempted while it exits): nothing runs again.
+    r, out, recorded = run_decision(tmp_path, {"SLURM_RESTART_COUNT": "1"})
+    assert (r.returncode, recorded) == (0, []), r.stderr
+    assert "finished its work in an earlier run: not run again" in r.stdout
+
+
+def test_a_failed_step_is_not_requeued_and_keeps_its_status(tmp_path):
+    r, out, recorded = run_decision(tmp_path, {"STEP_STATUS": "3"})
+    assert (r.returncode, recorded) == (3, ["step"]), r.stderr
+    assert not (out / "7" / "done").exists()
+
+
+def run_decision(tmp_path: Path, env: dict[str, str]):
+    """Run the rendered script with stand-in srun, scontrol and squeue; (result, out, calls)."""
+    bin_dir = tmp_path / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        for name, body in (("srun", FAKE_SRUN), ("scontrol", DECISION_SCONTROL),
+                           ("squeue", DECISION_SQUEUE), ("step", DECISION_STEP)):  # fmt: skip
+            (bin_dir / name).write_text(body)
+            (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.unlink(missing_ok=True)
+    out = tmp_path / "out"
+    spec = dataclasses.replace(BASE, output_dir=str(out), python=str(bin_dir / "step"))
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(spec))
+    full = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+            "SLURM_JOB_NODELIST": "n1", "SRUN_RECORD": str(tmp_path / "srun.argv"),
+            "CALLS": str(calls), "SHOW_JOB": "PreemptTime=None", "TIME_LEFT": "UNLIMITED",
+            **env}  # fmt: skip
+    r = subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    recorded = calls.read_text().splitlines() if calls.exists() else []
+    # The stand-ins' show/squeue queries only inform the message; keep the actions.
+    return r, out, [c for c in recorded if not c.startswith(("scontrol show", "squeue"))]
+
+
 # --- the real cluster ---------------------------------------------------------------------------
 
 SHOW_RANK = """import json, os, sys

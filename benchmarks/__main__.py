@@ -1,0 +1,32 @@
+"""``python -m benchmarks [NAME...]``: run benchmarks, print one table, write it as JSON."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks import checkpoint_write, preemption_turnaround
+from benchmarks.table import dump, render
+
+BENCHMARKS = {
+    "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
+    "preemption": lambda o: preemption_turnaround.run(o.repeats),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks")
+    p.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], metavar="NAME",
+                   help=f"which to run: {', '.join(BENCHMARKS)} (default: all)")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--size-mib", type=int, default=1024, help="checkpoint size")
+    p.add_argument("--json", type=Path, default=Path("benchmarks/results.json"))
+    opts = p.parse_args()
+    rows = [row for name in (opts.names or BENCHMARKS) for row in BENCHMARKS[name](opts)]
+    print(render(rows))
+    dump(rows, opts.json)
+    print(f"\nwritten to {opts.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Preemption turnaround on the local Slurm cluster, phase by phase.
+
+    python -m benchmarks.preemption_turnaround [--repeats 3]
+
+A resumable DDP training (2 nodes x 2 ranks, gloo) is submitted with `slurmddp submit`; once it
+trains, its batch shell gets the stop signal (``scancel --batch --signal=USR2``, the delivery
+Slurm uses for ``--signal=B:USR2``). Measured from that moment:
+
+- checkpoint complete: the `latest` pointer's modification time (it moves last);
+- requeued: Slurm counts the restart (polled every 20 ms);
+- next run's first step: rank 0 of the next run says it resumed. The requeued job is made
+  eligible at once (``scontrol update StartTime=now``); the rest is Slurm starting the job and
+  four ranks importing torch on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.table import Row, dump, render
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL = 0.02
+
+
+def cluster_env() -> dict[str, str]:
+    """The environment of the local cluster's clients (started if it is not running)."""
+    script = ROOT / "scripts" / "slurm-cluster"
+    subprocess.run([str(script), "up"], check=True, capture_output=True)
+    line = subprocess.run([str(script), "env"], check=True, capture_output=True, text=True).stdout
+    conf = line.strip().split("SLURM_CONF=", 1)[1].strip().strip("'\"")
+    return os.environ | {"SLURM_CONF": conf}
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL)
+    raise TimeoutError(f"no {what} within {timeout:.0f} s")
+
+
+def one_turnaround(env: dict[str, str], work: Path) -> dict[str, float]:
+    ckpt = work / "ckpt"
+    submitted = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "submit", "--json", "--partition", "debug",
+         "--nodes", "2", "--ntasks-per-node", "2", "--output", str(work / "jobs"),
+         "--env", "OMP_NUM_THREADS=1", str(ROOT / "examples" / "resumable_train.py"),
+         "--steps", "100000", "--step-time", "0.05", "--log-every", "10",
+         "--checkpoint-dir", str(ckpt)],
+        env=env | {"XDG_STATE_HOME": str(work / "state")}, cwd=work, capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    job = re.search(r'"job_id": "(\d+)"', submitted).group(1)
+    log = work / "jobs" / job / "rank-0.log"
+
+    def text() -> str:
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    def restarts() -> int:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
+                             capture_output=True, text=True).stdout  # fmt: skip
+        found = re.search(r"Restarts=(\d+)", out)
+        return int(found.group(1)) if found else -1
+
+    try:
+        _wait(lambda: "step 20 " in text(), 180, "training")
+        signalled = time.time()
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=env, check=True)
+        pointer = ckpt / "latest"
+        _wait(lambda: pointer.exists() and pointer.stat().st_mtime > signalled, 60,
+              "checkpoint")  # fmt: skip
+        checkpointed = pointer.stat().st_mtime
+        _wait(lambda: restarts() >= 1, 60, "requeue")
+        requeued = time.time()
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env)
+        _wait(lambda: "resumed from" in text(), 180, "resumed run")
+        resumed = time.time()
+    finally:
+        subprocess.run(["scancel", job], env=env)
+    return {
+        "signal -> checkpoint complete": checkpointed - signalled,
+        "checkpoint -> requeued": requeued - checkpointed,
+        "requeued -> next run's first step": resumed - requeued,
+        "signal -> next run's first step": resumed - signalled,
+    }
+
+
+def run(repeats: int = 1) -> list[Row]:
+    env = cluster_env()
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="slurmddp-bench-") as work:
+            for phase, seconds in one_turnaround(env, Path(work)).items():
+                samples.setdefault(phase, []).append(seconds)
+    import statistics
+
+    return [Row("preemption", phase, statistics.median(values), None, "s")
+            for phase, values in samples.items()]  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.preemption_turnaround")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--json", type=Path)
+    opts = p.parse_args()
+    rows = run(opts.repeats)
+    print(render(rows))
+    if opts.json:
+        dump(rows, opts.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Preemption, time limits and requeue on the real local cluster, checked bit for bit.
+
+Jobs run on `debug`; exclusive jobs on `urgent` (a higher PriorityTier) preempt them, and Slurm
+sends the stop signal at once (preempt_send_user_signal). A requeued job may start again only after
+its EligibleTime; the tests move that to now (`scontrol update StartTime=now`) to save time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, tagged_json
+from tests.test_submit_cluster import slurmddp, submitted
+
+pytestmark = pytest.mark.cluster
+
+TRAIN = str(ROOT / "examples" / "resumable_train.py")
+LATE = str(ROOT / "tests" / "programs" / "late_signal.py")
+
+
+def job_fields(cluster, job_id: str) -> dict[str, str]:
+    """scontrol's view of the job (kept MinJobAge=60 s after the end), {} once forgotten."""
+    r = cluster.run(["scontrol", "show", "job", "-o", job_id])
+    return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
+
+
+def wait_until(predicate, timeout: float, what, interval: float = 0.5):
+    """predicate()'s first true value; fails naming `what()` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what()}")
+
+
+def read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+class Job:
+    """A job submitted with `slurmddp submit --json`, watched through its logs and scontrol."""
+
+    def __init__(self, cluster, tmp_path: Path, argv: list[str]) -> None:
+        self.cluster = cluster
+        r = slurmddp(cluster, "submit", "--json", "--partition", "debug", *argv, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        info = submitted(r)
+        self.id = info["job_id"]
+        self.folder = Path(info["job_dir"])
+
+    def log(self, rank: int = 0) -> str:
+        return read(self.folder / self.id / f"rank-{rank}.log")
+
+    @property
+    def batch_log(self) -> str:
+        return read(self.folder / f"{self.id}.batch.log")
+
+    def fields(self) -> dict[str, str]:
+        return job_fields(self.cluster, self.id)
+
+    def wait_for_log(self, pattern: str, timeout: float = 120) -> re.Match:
+        return wait_until(lambda: re.search(pattern, self.log()), timeout,
+                          lambda: f"{pattern!r} in rank 0's log of {self.id}:\n{self.log()}")
+
+    def preempt(self) -> None:
+        """Start an exclusive job on urgent over all four nodes; wait until ours was requeued."""
+        restarts = int(self.fields()["Restarts"])
+        r = self.cluster.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N4",
+                              "-o", "/dev/null", "--wrap", "sleep 2"])  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        self.wait_requeued(restarts + 1)
+
+    def wait_requeued(self, restarts: int, timeout: float = 120) -> None:
+        wait_until(lambda: int(self.fields().get("Restarts", -1)) >= restarts, timeout,
+                   lambda: f"restart {restarts} of job {self.id}:\n{self.batch_log}")
+        # Eligible again at once, instead of after the credential lifetime.
+        self.cluster.run(["scontrol", "update", f"JobId={self.id}", "StartTime=now"])
+
+    def wait_end(self, timeout: float = 300) -> dict[str, str]:
+        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+        return wait_until(lambda: (f := self.fields()).get("JobState") in final and f, timeout,
+                          lambda: f"the end of job {self.id}:\n{self.batch_log}")
+
+    def results(self) -> list[dict]:
+        return [x for rank in range(4) for x in tagged_json(self.log(rank), "RESULT ")]
+
+
+def train_args(ckpt: Path, steps: int, step_time: float) -> list[str]:
+    return [
+        "--nodes", "2", "--ntasks-per-node", "2", "--env", "OMP_NUM_THREADS=1", TRAIN,
+        "--steps", str(steps), "--checkpoint-dir", str(ckpt), "--step-time", str(step_time),
+        "--log-every", "10",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference_digest(slurm_cluster, tmp_path_factory) -> str:
+    """The parameters of an uninterrupted run of the training the tests interrupt."""
+    tmp = tmp_path_factory.mktemp("reference")
+    job = Job(slurm_cluster, tmp, train_args(tmp / "ckpt", steps=300, step_time=0))
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log
+    digests = {x["digest"] for x in job.results()}
+    assert len(digests) == 1 and len(job.results()) == 4, job.results()
+    return digests.pop()
+
+
+def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path,
+                                                            reference_digest):  # fmt: skip
+    job = Job(slurm_cluster, tmp_path, train_args(tmp_path / "ckpt", steps=300, step_time=0.05))
+    job.wait_for_log(r"step 60 ")
+    job.preempt()
+    job.wait_for_log(r"resumed from \S+ at step \d+")
+    job.wait_for_log(r"step 1[2-9]0 |step 2\d0 ")
+    job.preempt()
+    end = job.wait_end()
+
+    log = job.log()
+    print(f"uninterrupted: {reference_digest}\npreempted x2:  "
+          f"{ {x['digest'] for x in job.results()} }")  # fmt: skip
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    assert int(end["Restarts"]) == 2
+    stops = [int(s) for s in re.findall(r"stopped at step (\d+)", log)]
+    resumes = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
+    assert len(stops) == 2 and resumes == stops, log  # each run went on where the last stopped
+    assert all(0 < s < 300 for s in stops)
+    results = job.results()
+    assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
+    assert {x["digest"] for x in results} == {reference_digest}
+    assert {x["restart"] for x in results} == {2}
+    batch = job.batch_log
+    for restart in (0, 1):
+        assert re.search(rf"stopped \(preempted, USR2\) at restart {restart} after its "
+                         rf"checkpoint: requeued \({restart + 1} of 3\)", batch), batch  # fmt: skip
+    assert "(restart 2)" in batch
+
+
+def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, tmp_path,
+                                                       reference_digest):  # fmt: skip
+    # One minute per run, warned 45 s before the end (slurmctld sends it within about 30 s).
+    job = Job(slurm_cluster, tmp_path, ["--time", "1", "--signal-lead", "45",
+              *train_args(tmp_path / "ckpt", steps=300, step_time=0.12)])  # fmt: skip
+    job.wait_requeued(1, timeout=150)
+    end = job.wait_end(timeout=400)
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    assert "stopped (time limit, USR2) at restart 0" in job.batch_log
+    assert {x["digest"] for x in job.results()} == {reference_digest}
+
+
+def test_requeues_stop_at_the_limit_with_a_clear_message(slurm_cluster, tmp_path):
+    job = Job(slurm_cluster, tmp_path, ["--max-requeues", "1",
+              *train_args(tmp_path / "ckpt", steps=1000, step_time=0.05)])  # fmt: skip
+    job.wait_for_log(r"step 30 ")
+    job.preempt()
+    job.wait_for_log(r"resumed from[^\n]*\nstep \d+ ")
+    restarts = int(job.fields()["Restarts"])
+    slurm_cluster.run(["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null",
+                       "--wrap", "sleep 2"])  # fmt: skip
+    end = job.wait_end()
+    assert (end["JobState"], end["ExitCode"], int(end["Restarts"])) == ("FAILED", "75:0", restarts)
+    assert ("at restart 1 after its checkpoint: not requeued, the limit of 1 requeues "
+            "(--max-requeues) is reached; submit again to resume") in job.batch_log
+    assert len(re.findall(r"stopped at step", job.log())) == 2  # the checkpoint was still taken
+
+
+def test_a_finished_job_is_not_requeued_by_a_late_signal(slurm_cluster, tmp_path):
+    job = Job(slurm_cluster, tmp_path, ["--nodes", "2", "--ntasks-per-node", "1", LATE,
+                                        "--linger", "6"])  # fmt: skip
+    job.wait_for_log("^DONE")
+    # Preempted while it finishes: the ranks ignore the signal, Slurm requeues the job anyway,
+    # and the next run finds the done marker and ends at once.
+    restarts = int(job.fields()["Restarts"])
+    slurm_cluster.run(["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null",
+                       "--wrap", "sleep 2"])  # fmt: skip
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    assert "stopped (" not in job.batch_log and job.log().count("DONE") == 1
+    if int(end["Restarts"]) > restarts:
+        assert "finished its work in an earlier run: not run again" in job.batch_log
