@@ -66,6 +66,12 @@ def one_turnaround(env: dict[str, str], work: Path) -> dict[str, float]:
     def text() -> str:
         return log.read_text(errors="replace") if log.exists() else ""
 
+    def state() -> str:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
+                             capture_output=True, text=True).stdout  # fmt: skip
+        found = re.search(r"JobState=(\w+)", out)
+        return found.group(1) if found else "GONE"
+
     def restarts() -> int:
         out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
                              capture_output=True, text=True).stdout  # fmt: skip
@@ -87,6 +93,8 @@ def one_turnaround(env: dict[str, str], work: Path) -> dict[str, float]:
         resumed = time.time()
     finally:
         subprocess.run(["scancel", job], env=env)
+        _wait(lambda: state() not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), 60,
+              "end of the job")  # fmt: skip
     return {
         "signal -> checkpoint complete": checkpointed - signalled,
         "checkpoint -> requeued": requeued - checkpointed,

@@ -19,18 +19,26 @@ _LAZY = {
     "JobSpec": "slurmddp.jobspec",
     "build_spec": "slurmddp.jobspec",
     "submit": "slurmddp.submission",
+    "should_stop": "slurmddp.preemption",
+    "requeue": "slurmddp.preemption",
+    "mark_done": "slurmddp.preemption",
+    "Checkpointer": "slurmddp.checkpoint",
+    "ResumableDistributedSampler": "slurmddp.sampler",
 }
 
 __all__ = [
-    "DistEnv", "EnvError", "JobSpec", "__version__", "bootstrap", "build_spec", "init", "resolve",
-    "submit",
+    "Checkpointer", "DistEnv", "EnvError", "JobSpec", "ResumableDistributedSampler", "__version__",
+    "bootstrap", "build_spec", "init", "mark_done", "requeue", "resolve", "should_stop", "submit",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
     from slurmddp.bootstrap import bootstrap
+    from slurmddp.checkpoint import Checkpointer
     from slurmddp.env import DistEnv, EnvError, resolve
     from slurmddp.jobspec import JobSpec, build_spec
+    from slurmddp.preemption import mark_done, requeue, should_stop
     from slurmddp.process_group import init
+    from slurmddp.sampler import ResumableDistributedSampler
     from slurmddp.submission import submit
 
 

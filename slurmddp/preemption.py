@@ -45,9 +45,13 @@ LOCAL_REQUEUE_STATUS = 144
 # "try again later", which is what resubmitting from the checkpoint does.
 NOT_REQUEUED_STATUS = 75
 
-_received: int | None = None  # the last stop signal's number; written only by the handler
-_installed: tuple[int, ...] = ()
-_stopping: int = 0  # the agreed stop signal's number; sticky once every rank agreed
+# Bits of what a rank saw and what all ranks agreed on. TERM stops the ranks like the stop signal
+# does (the job is ending: scancel, the hard time limit), but only the stop signal requeues: a
+# cancelled job must stay cancelled.
+_STOP, _TERM = 1, 2
+_seen = 0  # written only by the handler
+_agreed = 0  # sticky once all ranks agreed to stop
+_stop_signal: signal.Signals | None = None
 _done = False
 _calls = 0
 _flag = None  # the all_reduce buffer, allocated once per process
@@ -63,8 +67,8 @@ def stop_signal(environ: Mapping[str, str]) -> signal.Signals:
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    global _received
-    _received = signum  # nothing else: no I/O, no locks, no collectives
+    global _seen
+    _seen |= _STOP if signum == _stop_signal else _TERM  # nothing else: no I/O, no collectives
 
 
 def install(environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
@@ -73,20 +77,24 @@ def install(environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, .
     Idempotent; a no-op outside the main thread (Python delivers signals only there).
     Returns the signals handled.
     """
-    global _installed
-    if threading.current_thread() is not threading.main_thread():
-        return tuple(signal.Signals(s) for s in _installed)
-    if not _installed:
-        sigs = {stop_signal(os.environ if environ is None else environ), signal.SIGTERM}
-        for sig in sigs:
-            signal.signal(sig, _on_signal)
-        _installed = tuple(sorted(sigs))
-    return tuple(signal.Signals(s) for s in _installed)
+    global _stop_signal
+    if _stop_signal is None and threading.current_thread() is threading.main_thread():
+        sig = stop_signal(os.environ if environ is None else environ)
+        for s in {sig, signal.SIGTERM}:
+            signal.signal(s, _on_signal)
+        _stop_signal = sig
+    return () if _stop_signal is None else tuple(sorted({_stop_signal, signal.SIGTERM}))
 
 
 def received() -> signal.Signals | None:
-    """The stop signal this process got, if any (its own flag, not the agreed answer)."""
-    return None if _received is None else signal.Signals(_received)
+    """What this process got (its own flag, not the agreed answer): the stop signal, TERM, None."""
+    return _name_of(_seen)
+
+
+def _name_of(bits: int) -> signal.Signals | None:
+    if bits & _STOP:
+        return _stop_signal
+    return signal.SIGTERM if bits & _TERM else None
 
 
 def flag_device(backend: str, cuda_index: int | None) -> str:
@@ -105,28 +113,27 @@ def should_stop(every: int = 1, group: object = None) -> bool:
     With `every` > 1 only each `every`-th call communicates; the others return the last answer.
     True once means True from then on. False after `mark_done`.
     """
-    global _stopping, _calls
-    if not _installed:
-        install()
+    global _agreed, _calls
+    install()
     if _done:
         return False
-    if _stopping:
+    if _agreed:
         return True
     _calls += 1
     if every > 1 and _calls % every:
         return False
-    local = _received or 0
+    local = _seen
     agreed = _agree(local, group) if "torch.distributed" in sys.modules else local
     if agreed:
-        _stopping = agreed
+        _agreed = agreed
         if _rank() == 0:
-            print(f"slurmddp: {signal.Signals(agreed).name} received: every rank stops at this "
+            print(f"slurmddp: {_name_of(agreed).name} received: every rank stops at this "
                   "step boundary", file=sys.stderr, flush=True)  # fmt: skip
     return bool(agreed)
 
 
 def _agree(local: int, group: object) -> int:
-    """The largest signal number any rank got (0: none), by one all_reduce of one integer."""
+    """The bits any rank saw, by one all_reduce (MAX) of two integers."""
     import torch
     import torch.distributed as td
 
@@ -137,10 +144,10 @@ def _agree(local: int, group: object) -> int:
     cuda = torch.cuda.current_device() if backend == "nccl" else None
     device = flag_device(backend, cuda)
     if _flag is None or str(_flag.device) != device:
-        _flag = torch.zeros(1, dtype=torch.int32, device=device)
-    _flag.fill_(local)
+        _flag = torch.zeros(2, dtype=torch.int32, device=device)
+    _flag[0], _flag[1] = local & _STOP, local & _TERM  # MAX of each bit: no bitwise op in NCCL
     td.all_reduce(_flag, op=td.ReduceOp.MAX, group=group)
-    return int(_flag.item())
+    return int(_flag[0].item()) | int(_flag[1].item())
 
 
 def _rank() -> int:
@@ -210,8 +217,12 @@ def requeue() -> NoReturn:
     if _done:
         _say("the job is marked done: not requeued")
         raise SystemExit(0)
-    why = _stopping or _received  # the agreed signal: this rank may not have got one itself
-    reason = signal.Signals(why).name[3:] if why else "request"
+    why = _name_of(_agreed or _seen)  # agreed: this rank may not have got one itself
+    if why == signal.SIGTERM:
+        _say("stopped by TERM after the checkpoint: the job is being cancelled or its time is "
+             f"up, so it is not requeued (only {_stop_signal.name[3:]} requeues)")  # fmt: skip
+        raise SystemExit(NOT_REQUEUED_STATUS)
+    reason = why.name[3:] if why is not None else "request"
     route = requeue_route(os.environ)
     rank = _rank()
     if route == "batch":

@@ -220,3 +220,26 @@ def test_a_failing_scontrol_requeue_ends_the_job_non_zero(tmp_path):
     r = run_python(REQUEUE, SLURM_JOB_ID="41", **fake_scontrol(tmp_path, status=1))
     assert r.returncode == preemption.NOT_REQUEUED_STATUS
     assert "scontrol requeue 41 failed: refused" in r.stderr
+
+
+def test_term_stops_the_ranks_but_never_requeues(tmp_path):
+    # scancel and the hard time limit send TERM: the ranks still stop together and checkpoint,
+    # but a cancelled job must stay cancelled.
+    requeue = tmp_path / "requeue"
+    code = REQUEUE.replace("SIGUSR2", "SIGTERM")
+    r = run_python(code, RANK="0", SLURM_JOB_ID="7", SLURMDDP_REQUEUE_FILE=str(requeue))
+    assert r.returncode == preemption.NOT_REQUEUED_STATUS
+    assert "stopped by TERM after the checkpoint" in r.stderr and "only USR2 requeues" in r.stderr
+    assert not requeue.exists()
+
+
+def test_the_stop_signal_wins_over_term_seen_on_another_rank():
+    r = run_python("""
+        import os, signal
+        from slurmddp import preemption
+        preemption.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        print(preemption.received().name)
+        """)  # fmt: skip
+    assert r.stdout.strip() == "SIGUSR2", r.stderr

@@ -183,3 +183,15 @@ def test_a_finished_job_is_not_requeued_by_a_late_signal(slurm_cluster, tmp_path
     assert "stopped (" not in job.batch_log and job.log().count("DONE") == 1
     if int(end["Restarts"]) > restarts:
         assert "finished its work in an earlier run: not run again" in job.batch_log
+
+
+def test_scancel_cancels_and_is_never_requeued(slurm_cluster, tmp_path):
+    # TERM stops the ranks like the stop signal does, but must not undo the user's cancel.
+    job = Job(slurm_cluster, tmp_path, train_args(tmp_path / "ckpt", steps=100000, step_time=0.05))
+    job.wait_for_log(r"step 20 ")
+    slurm_cluster.run(["scancel", job.id])
+    end = job.wait_end()
+    time.sleep(3)  # a requeue, had it happened, would show by now
+    assert end["JobState"] == "CANCELLED", job.batch_log
+    assert job.fields().get("Restarts", "0") == "0", job.batch_log
+    assert "requeued (" not in job.batch_log

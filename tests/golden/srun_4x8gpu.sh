@@ -81,7 +81,7 @@ if [[ ! -e $SLURMDDP_REQUEUE_FILE ]]; then
     if ((status == 0)); then
         : >"$SLURMDDP_DONE_FILE"  # finished: a requeue racing this exit must not run it again
     elif [[ -n $received ]]; then
-        echo "slurmddp: the step ended with status $status after $received, without a checkpoint and requeue (did the script call slurmddp.should_stop()?)" >&2
+        echo "slurmddp: the step ended with status $status after $received; no rank asked for a requeue" >&2
     fi
     exit "$status"
 fi

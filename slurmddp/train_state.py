@@ -1,0 +1,254 @@
+"""Capture and restore everything a training loop needs to resume bitwise: model, optimizer,
+scheduler, grad scaler, sampler position, counters and the random number generators.
+
+    state = train_state.capture(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
+                                step=step, epoch=epoch, position=consumed)
+    ckpt.save(step, state)
+    ...
+    loaded = ckpt.load_latest()
+    if loaded is not None:
+        counters = train_state.restore(loaded.state, model=model, optimizer=opt, ...)
+
+What `capture` returns holds only tensors and plain values, so it passes `Checkpointer.save`'s
+check and loads under ``torch.load(weights_only=True)``.
+
+With a process group, `capture` is a collective (every rank calls it, as every rank calls
+`Checkpointer.save`): the RNG states of all ranks are gathered, since ranks may draw differently
+(dropout, augmentation seeded by rank) and rank 0 alone writes a replicated checkpoint. `restore`
+gives each rank its own again; resumed at more ranks, the new ones take rank 0's.
+
+DDP lays its gradient buckets out anew after the first backward of a process, and with more
+than two ranks the layout decides the order in which gloo and NCCL sum, so the last bits of every
+gradient. `prime_ddp` runs that first backward without touching the training state, so a
+resumed run reduces exactly as the uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from slurmddp.checkpoint import CheckpointError
+
+
+def capture(
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    step: int = 0,
+    epoch: int = 0,
+    position: int = 0,
+    rng: bool = True,
+    **extra: Any,
+) -> dict:
+    """The state of each component given, plus counters, RNG state and `extra` values.
+
+    `position` is the number of samples (global, all ranks) consumed so far in this epoch; a
+    ResumableDistributedSampler resumes from it. A DDP or DataParallel `model` is saved as the
+    module it wraps, so the keys match an unwrapped model.
+    """
+    state: dict[str, Any] = {"step": int(step), "epoch": int(epoch), "position": int(position)}
+    if model is not None:
+        state["model"] = unwrap(model).state_dict()
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    if sampler is not None:
+        from slurmddp.sampler import ResumableDistributedSampler
+
+        if isinstance(sampler, ResumableDistributedSampler):
+            state["sampler"] = sampler.state_dict(position)
+        else:
+            state["sampler"] = sampler.state_dict()
+    if rng:
+        state["rng"] = _gather(capture_rng())
+    state["extra"] = dict(extra)
+    return state
+
+
+def restore(
+    state: Mapping,
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    rng: bool = True,
+) -> dict:
+    """Load each component given from `state`; returns ``{"step", "epoch", "position", **extra}``.
+
+    Raises CheckpointError when a component is given but `state` has none for it.
+    """
+
+    def part(name: str) -> Any:
+        if name not in state:
+            raise CheckpointError(f"the checkpoint holds no {name} state (it has "
+                                  f"{', '.join(map(str, state)) or 'nothing'}): was it "
+                                  f"captured with {name}=...?")  # fmt: skip
+        return state[name]
+
+    if model is not None:
+        unwrap(model).load_state_dict(part("model"))
+    if optimizer is not None:
+        optimizer.load_state_dict(part("optimizer"))
+    if scheduler is not None:
+        scheduler.load_state_dict(part("scheduler"))
+    if scaler is not None:
+        saved = part("scaler")
+        if saved:  # a disabled scaler saves {}, and refuses to load it
+            scaler.load_state_dict(saved)
+    if sampler is not None:
+        sampler.load_state_dict(part("sampler"))
+    if rng and "rng" in state:
+        saved = state["rng"]
+        if isinstance(saved, list):  # one per rank
+            rank = _rank()
+            saved = saved[rank] if rank < len(saved) else saved[0]
+        restore_rng(saved)
+    counters = {k: state.get(k, 0) for k in ("step", "epoch", "position")}
+    return counters | dict(state.get("extra", {}))
+
+
+def unwrap(model: Any) -> Any:
+    """The module inside DistributedDataParallel, DataParallel or torch.compile wrappers."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel | DataParallel):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def capture_rng() -> dict:
+    """The state of python's `random`, numpy's global RNG, torch's CPU and every CUDA generator.
+
+    Everything is a tensor or a plain value (numpy's key array becomes an int64 tensor).
+    """
+    version, internal, gauss = random.getstate()
+    python = {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
+              "gauss_next": gauss}  # fmt: skip
+    state: dict[str, Any] = {"python": python, "torch": torch.get_rng_state()}
+    np = _numpy()
+    if np is not None:
+        kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        state["numpy"] = {"kind": str(kind), "key": torch.from_numpy(key.astype(np.int64)),
+                          "pos": int(pos), "has_gauss": int(has_gauss),
+                          "cached_gaussian": float(cached)}  # fmt: skip
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng(state: Mapping) -> None:
+    """Set every generator `capture_rng` saved. CUDA states go to as many devices as both have."""
+    if "python" in state:
+        py = state["python"]
+        random.setstate((int(py["version"]), tuple(int(x) for x in py["state"].tolist()),
+                         py["gauss_next"]))  # fmt: skip
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    np = _numpy()
+    if "numpy" in state and np is not None:
+        saved = state["numpy"]
+        key = saved["key"].numpy().astype(np.uint32)
+        np.random.set_state((saved["kind"], key, int(saved["pos"]), int(saved["has_gauss"]),
+                             float(saved["cached_gaussian"])))  # fmt: skip
+    if state.get("cuda") and torch.cuda.is_available():
+        saved = state["cuda"]
+        for index in range(min(len(saved), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(saved[index], index)
+
+
+def prime_ddp(ddp: Any, *inputs: Any) -> None:
+    """Run DDP's first backward on `inputs`, so its buckets take their lasting layout now.
+
+    Call it on every rank after building the DDP model, before training, fresh or resumed. The
+    forward runs in eval mode (no dropout draw, no batch-norm statistics), the gradients are
+    dropped and the RNG states put back: nothing the training sees changes.
+    """
+    rng = capture_rng()
+    training = ddp.training
+    ddp.eval()
+    try:
+        out = ddp(*inputs)
+        leaves = [t for t in _tensors(out) if t.requires_grad]
+        sum(t.float().sum() for t in leaves).backward()
+    finally:
+        ddp.train(training)
+        for p in ddp.parameters():
+            p.grad = None
+        restore_rng(rng)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _group_size() -> int:
+    import torch.distributed as td
+
+    return td.get_world_size() if td.is_available() and td.is_initialized() else 1
+
+
+def _rank() -> int:
+    import torch.distributed as td
+
+    return td.get_rank() if td.is_available() and td.is_initialized() else 0
+
+
+def _gather(local: dict) -> dict | list[dict]:
+    """Every rank's `local` (one all_gather of their serialized bytes), or `local` alone."""
+    world = _group_size()
+    if world == 1:
+        return local
+    import io
+
+    import torch.distributed as td
+
+    buf = io.BytesIO()
+    torch.save(local, buf)
+    nccl = td.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(device)
+    size = torch.tensor([data.numel()], device=device)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    td.all_gather(sizes, size)
+    longest = max(int(n) for n in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    td.all_gather(gathered, padded)
+    return [
+        torch.load(io.BytesIO(t[: int(n)].cpu().numpy().tobytes()), weights_only=True)
+        for t, n in zip(gathered, sizes, strict=True)
+    ]
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+__all__ = ["capture", "capture_rng", "prime_ddp", "restore", "restore_rng", "unwrap"]
