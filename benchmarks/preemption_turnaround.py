@@ -8,9 +8,9 @@ Slurm uses for ``--signal=B:USR2``). Measured from that moment:
 
 - checkpoint complete: the `latest` pointer's modification time (it moves last);
 - requeued: Slurm counts the restart (polled every 20 ms);
-- next run's first step: rank 0 of the next run says it resumed. The requeued job is made
-  eligible at once (``scontrol update StartTime=now``); the rest is Slurm starting the job and
-  four ranks importing torch on this machine.
+- next run's first step: rank 0 of the next run says it resumed. Most of it is Slurm's: a
+  requeued job may start only once its old credential expired (cred_expire=30 s on the local
+  cluster, 120 s by default); the rest is four ranks importing torch on this machine.
 """
 
 from __future__ import annotations
@@ -88,7 +88,6 @@ def one_turnaround(env: dict[str, str], work: Path) -> dict[str, float]:
         checkpointed = pointer.stat().st_mtime
         _wait(lambda: restarts() >= 1, 60, "requeue")
         requeued = time.time()
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env)
         _wait(lambda: "resumed from" in text(), 180, "resumed run")
         resumed = time.time()
     finally:

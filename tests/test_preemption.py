@@ -243,3 +243,22 @@ def test_the_stop_signal_wins_over_term_seen_on_another_rank():
         print(preemption.received().name)
         """)  # fmt: skip
     assert r.stdout.strip() == "SIGUSR2", r.stderr
+
+
+def test_requeue_waits_for_an_asynchronous_save_in_flight(tmp_path):
+    requeue = tmp_path / "requeue"
+    r = run_python(f"""
+        import os, signal, torch, slurmddp
+        from slurmddp import preemption
+        preemption.install()
+        ckpt = slurmddp.Checkpointer({str(tmp_path / "ckpt")!r}, async_save=True)
+        ckpt.save(7, {{"w": torch.rand(64 << 20)}})  # 256 MiB: still being written on return
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert slurmddp.should_stop()
+        slurmddp.requeue()
+        """, SLURM_JOB_ID="7", SLURMDDP_REQUEUE_FILE=str(requeue))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    latest = tmp_path / "ckpt" / "latest"
+    assert latest.read_text().strip() == "step-00000007"
+    # The reason is left for the batch shell only once the checkpoint is published.
+    assert requeue.stat().st_mtime_ns >= latest.stat().st_mtime_ns
