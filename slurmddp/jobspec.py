@@ -43,7 +43,6 @@ MAX_SIGNAL_LEAD = 0xFFFF
 # Signals the batch shell may pass on to the step with `kill -s SIG <srun pid>`: only those srun
 # forwards to every task. What srun 22.05 does with the others, checked on the local cluster:
 _SIGNAL_PROBLEMS = {
-    "USR1": "NCCL uses SIGUSR1 itself",
     "TERM": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
     "HUP": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
     "QUIT": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
@@ -58,7 +57,7 @@ _SIGNAL_PROBLEMS = {
     "KILL": "it cannot be trapped",
     "STOP": "it cannot be trapped",
 }
-SIGNALS = ("USR2",)  # the names `validate` accepts
+SIGNALS = ("USR2", "USR1")  # the names `validate` accepts
 _SIGNAL_NAMES = frozenset(SIGNALS) | _SIGNAL_PROBLEMS.keys()
 
 # sbatch options the script writes itself from JobSpec fields; repeating one through
@@ -330,10 +329,10 @@ def _check_signal(name: str) -> None:
     if name.upper().startswith("SIG"):
         raise SpecError(f"signal={name!r}: write the name without SIG, e.g. {name[3:]!r}")
     if name not in _SIGNAL_NAMES:
-        raise SpecError(f"signal={name!r} is not a signal name Slurm knows: use USR2")
+        raise SpecError(f"signal={name!r} is not a signal name Slurm knows: use USR2 or USR1")
     if name in _SIGNAL_PROBLEMS:
         raise SpecError(
-            f"signal={name!r} cannot warn the ranks: {_SIGNAL_PROBLEMS[name]}; use USR2"
+            f"signal={name!r} cannot warn the ranks: {_SIGNAL_PROBLEMS[name]}; use USR2 or USR1"
         )
 
 

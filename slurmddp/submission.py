@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shlex
 import shutil
 import time
@@ -91,6 +92,9 @@ def _submit_slurm(spec: JobSpec):
 
 
 def _submit_local(spec: JobSpec, signal_after: Sequence[float]):
+    # submitit's local controller (a child of this process) reads the signal it sends before the
+    # time-out from its environment.
+    os.environ["SUBMITIT_PREEMPT_SIGNAL"] = spec.signal
     executor = submitit.LocalExecutor(folder=spec.output_dir, python=shlex.quote(spec.python))
     tasks = spec.nodes_max * spec.ntasks_per_node
     # submitit's controller signals each run `signal_delay_s` before its time-out, as Slurm does

@@ -36,7 +36,7 @@ BAD = [
     (["--profile", "nosuch", TRAIN], "nosuch"),
     (["--launcher", "mpirun-ish", TRAIN], "mpirun-ish"),
     (["--backend", "tcp", TRAIN], "tcp"),
-    (["--signal", "USR1", TRAIN], "USR1"),
+    (["--signal", "HUP", TRAIN], "HUP"),
     (["--signal-lead", "0", TRAIN], "signal"),
     (["--job-name", "a\nb", TRAIN], "job"),
     (["--sbatch-arg", "--time=5", TRAIN], "--time"),
@@ -157,21 +157,36 @@ def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
     assert [p.read_text() for p in logs] == ["hello from 0\n", "hello from 1\n"]
 
 
-def test_local_delivers_the_preemption_signal_after_the_given_time(tmp_path):
+@pytest.mark.parametrize("sig", ["USR2", "USR1"])
+def test_local_delivers_the_stop_signal_after_the_given_time(tmp_path, sig):
     script = tmp_path / "wait.py"
     script.write_text(
         "import signal, time\n"
         "got = []\n"
-        "signal.signal(signal.SIGUSR2, lambda *a: got.append(1))\n"
+        f"signal.signal(signal.SIG{sig}, lambda *a: got.append(1))\n"
         "deadline = time.time() + 60\n"
         "while not got and time.time() < deadline:\n"
         "    time.sleep(0.1)\n"
-        "print('USR2' if got else 'no signal', flush=True)\n"
+        f"print('{sig}' if got else 'no signal', flush=True)\n"
     )
-    argv = ["--local", "--follow", "--json", "--local-signal-after", "2", "--signal-lead", "30"]
+    argv = ["--local", "--follow", "--json", "--local-signal-after", "2", "--signal", sig]
     r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "USR2" in r.stdout
+    assert sig in r.stdout
+
+
+def test_local_time_limit_warns_with_the_chosen_signal(tmp_path):
+    # submitit's controller sends it signal_lead before its time-out, as Slurm does.
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import signal, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: print('USR1', flush=True) or exit(0))\n"
+        "time.sleep(60)\n"
+    )
+    argv = ["--local", "--follow", "--time", "1", "--signal-lead", "58", "--signal", "USR1"]
+    r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "USR1" in r.stdout
 
 
 @pytest.mark.parametrize(

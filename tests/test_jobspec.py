@@ -176,7 +176,7 @@ BAD_SPECS = [
     ({"srun_args": ("--x=\0",)}, "srun argument"),
     ({"max_requeues": -1}, "max_requeues=-1"),
     ({"signal": "SIGUSR2"}, "signal='SIGUSR2'"),
-    ({"signal": "USR1"}, "signal='USR1'"),
+    ({"signal": "HUP"}, "signal='HUP'"),
     ({"signal": "TERM"}, "signal='TERM'"),
     ({"signal": "KILL"}, "signal='KILL'"),
     ({"signal": "BOGUS"}, "signal='BOGUS'"),
@@ -213,8 +213,8 @@ def test_there_are_enough_bad_cases():
 
 
 def test_the_signal_error_says_what_to_use_instead():
-    with pytest.raises(SpecError, match=r"NCCL uses SIGUSR1.*use USR2"):
-        validate(dataclasses.replace(GOOD, signal="USR1"))
+    with pytest.raises(SpecError, match=r"killing the step at once.*use USR2 or USR1"):
+        validate(dataclasses.replace(GOOD, signal="TERM"))
     with pytest.raises(SpecError, match=re.escape("without SIG, e.g. 'USR2'")):
         validate(dataclasses.replace(GOOD, signal="SIGUSR2"))
 

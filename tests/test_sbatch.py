@@ -113,8 +113,14 @@ def test_rendering_imports_no_torch():
 
 
 def test_a_bad_spec_is_refused_before_rendering():
-    with pytest.raises(SpecError, match="signal='USR1'"):
-        render_script(dataclasses.replace(BASE, signal="USR1"))
+    with pytest.raises(SpecError, match="signal='TERM'"):
+        render_script(dataclasses.replace(BASE, signal="TERM"))
+
+
+def test_usr1_may_be_the_stop_signal():
+    script = render_script(dataclasses.replace(BASE, signal="USR1"))
+    assert "#SBATCH --signal=B:USR1@120" in script and "export SLURMDDP_SIGNAL=USR1" in script
+    assert "trap 'forward USR1' USR1" in script
 
 
 def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
