@@ -195,3 +195,28 @@ def test_scancel_cancels_and_is_never_requeued(slurm_cluster, tmp_path):
     assert end["JobState"] == "CANCELLED", job.batch_log
     assert job.fields().get("Restarts", "0") == "0", job.batch_log
     assert "requeued (" not in job.batch_log
+
+
+def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_path, python,
+                                                          reference_digest):  # fmt: skip
+    # A batch script of the user's own: plain srun, no trap; Slurm signals the steps directly.
+    script = tmp_path / "own.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -p debug -N2 --ntasks-per-node=2 --requeue\n"
+        f"#SBATCH -o {tmp_path}/%j.out --open-mode=append\n"
+        f"srun {python} -m slurmddp.run {TRAIN} --steps 300 --step-time 0.05 --log-every 10 "
+        f"--checkpoint-dir {tmp_path}/ckpt\n"
+    )
+    r = slurm_cluster.run(["sbatch", "--parsable", str(script)], cwd=tmp_path,
+                          env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
+    job_id = r.stdout.strip()
+    out = tmp_path / f"{job_id}.out"
+    wait_until(lambda: "step 30 " in read(out), 120, lambda: f"training:\n{read(out)}")
+    slurm_cluster.run(["scancel", "--signal=USR2", job_id])  # to every task, no batch shell
+    wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
+               lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
+    text = read(out)
+    assert f"stopped by USR2 at restart 0: job {job_id} requeued (1 of 3)" in text, text
+    assert re.search(r"resumed from \S+ at step \d+", text)
+    assert job_fields(slurm_cluster, job_id)["Restarts"] == "1"
+    assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
