@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-from slurmddp.env import DistEnv, resolve
+from slurmddp.env import DistEnv, MasterUnknown, resolve
 
 MASTER_HOST_FORMAT_VAR = "SLURMDDP_MASTER_HOST_FORMAT"
 
@@ -29,7 +29,17 @@ def bootstrap(
         return _current
     env = os.environ if environ is None else environ
     fmt = master_host_format or env.get(MASTER_HOST_FORMAT_VAR) or "{host}"
-    dist = resolve(env, master_host_format=fmt)
+    try:
+        dist = resolve(env, master_host_format=fmt)
+    except MasterUnknown:
+        # mpirun across hosts outside Slurm: only rank 0 knows where it runs.
+        from slurmddp.mpi import share_master
+
+        addr, port = share_master(fmt, pick_port="MASTER_PORT" not in env)
+        env["MASTER_ADDR"] = addr
+        if port is not None:
+            env["MASTER_PORT"] = str(port)
+        dist = resolve(env, master_host_format=fmt)
     env.update(dist.torchrun_env())
     _current = dist
     return dist

@@ -49,6 +49,14 @@ class EnvError(ValueError):
     """The environment describes no consistent distributed job; the message names the variables."""
 
 
+class MasterUnknown(EnvError):
+    """An MPI job across nodes with no MASTER_ADDR and no Slurm node list to take it from.
+
+    The environment cannot say where rank 0 runs; `slurmddp.bootstrap` then asks rank 0 itself,
+    over MPI (slurmddp.mpi).
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class DistEnv:
     """This process's place in the job, and where each value came from (see `sources`)."""
@@ -404,6 +412,11 @@ def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]
         except (ValueError, IndexError):
             raise EnvError(f"{job[1]}={job[0]!r} is not a usable node list") from None
         source = f"rule: first host of {job[1]} (mpirun inside an allocation)"
+    elif layout.launcher == "mpi":
+        raise MasterUnknown(
+            f"cannot tell rank 0's host for an MPI job on {layout.num_nodes[0]} nodes outside "
+            "Slurm: set MASTER_ADDR"
+        )
     else:
         raise EnvError(
             f"cannot tell rank 0's host for {layout.launcher} with {layout.num_nodes[0]} nodes: "

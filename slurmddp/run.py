@@ -135,6 +135,13 @@ def exit_process(status: int | str | None) -> NoReturn:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
             stream.flush()
+    if "mpi4py.MPI" in sys.modules:
+        # mpi4py finalizes MPI at interpreter shutdown, which os._exit skips; mpirun counts a
+        # rank that leaves without MPI_Finalize as failed.
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
     os._exit(code)
 
 

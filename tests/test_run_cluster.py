@@ -94,3 +94,42 @@ def test_doctor_shows_sources(slurm_cluster, python):
     assert r.stdout.count("launcher slurm") == 5
     assert "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]" in r.stdout
     assert "rule: first host of SLURM_STEP_NODELIST" in r.stdout
+
+
+# ---- MPI launchers on the cluster ----------------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("plugin", ["pmix", "pmi2"])
+def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, plugin):
+    r = slurm_cluster.srun([f"--mpi={plugin}", "-N2", "-n4"],
+                           [python, "-m", "slurmddp.run", PROBE])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    probes = tagged_json(r.stdout, "PROBE ")
+    assert len(probes) == 4
+    check_probes(probes, 4, NODES[:2])
+    doctor = slurm_cluster.srun([f"--mpi={plugin}", "-N2", "-n4"],
+                                [python, "-m", "slurmddp", "doctor", "--check"])  # fmt: skip
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "all checks passed" in doctor.stdout
+
+
+@pytest.mark.mpi
+def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, python, tmp_path):
+    # mpirun starts its daemons as a Slurm step: their SLURM_PROCID is the daemon's, not a rank's.
+    out = tmp_path / "job.out"
+    mpirun = f"mpirun --allow-run-as-root --oversubscribe -np 4 {python}"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -N2 --ntasks-per-node=2 -o {out}\n"
+        f"{mpirun} -m slurmddp.run {PROBE} || exit 1\n"
+        f"{mpirun} -m slurmddp doctor --check\n"
+    )
+    r = slurm_cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
+    text = out.read_text()
+    assert r.returncode == 0, text
+    probes = tagged_json(text, "PROBE ")
+    assert len(probes) == 4
+    check_probes(probes, 4, NODES[:2])
+    assert {p["env"]["OMPI_COMM_WORLD_RANK"] for p in probes} == {"0", "1", "2", "3"}
+    assert "4 ranks, 2 nodes, backend gloo, launcher mpi" in text and "all checks passed" in text
