@@ -82,7 +82,7 @@ USER_FILE = Path("slurmddp", "profiles.toml")  # under $XDG_CONFIG_HOME or ~/.co
 OPTIONS = (
     "partition", "account", "qos", "constraint", "nodes", "ntasks_per_node", "gpus_per_node",
     "cpus_per_task", "mem", "time", "signal", "signal_lead", "max_requeues", "launcher",
-    "backend", "python", "template", "output", "setup", "env", "sbatch_args", "srun_args",
+    "backend", "python", "template", "output", "setup", "env", "sbatch_args", "srun_args", "mpi",
 )  # fmt: skip
 _LISTS = frozenset({"setup", "sbatch_args", "srun_args"})
 _MINIMUM = {

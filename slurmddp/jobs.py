@@ -29,6 +29,7 @@ FINAL_STATES = frozenset(
 SLURM_LOG_PATTERN = "{folder}/{job_id}/rank-{rank}.log"
 TORCHRUN_LOG_PATTERN = "{folder}/{job_id}/node-{rank}.log"
 LOCAL_LOG_PATTERN = "{folder}/{job_id}_{rank}_log.out"
+MPIRUN_LOG_PATTERN = "{folder}/{job_id}/ranks.log"  # every rank's lines, tagged [rank/world]
 
 
 @dataclasses.dataclass(frozen=True)

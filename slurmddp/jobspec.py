@@ -31,7 +31,9 @@ __all__ = [
     "validate",
 ]
 
-LAUNCHERS = ("srun", "torchrun")
+LAUNCHERS = ("srun", "torchrun", "mpirun")
+# srun's --mpi plugin names (pmix, pmi2, pmix_v4, cray_shasta, none...).
+_MPI_PLUGIN = re.compile(r"[a-z][a-z0-9_]*")
 DEFAULT_OUTPUT_DIR = "slurmddp-jobs"
 DEFAULT_MAX_REQUEUES = 3
 DEFAULT_SIGNAL = "USR2"
@@ -124,6 +126,7 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     sbatch_args: tuple[str, ...] = ()
     srun_args: tuple[str, ...] = ()
+    mpi: str | None = None
     max_requeues: int = DEFAULT_MAX_REQUEUES
     signal: str = DEFAULT_SIGNAL
     signal_lead: int = DEFAULT_SIGNAL_LEAD
@@ -248,6 +251,14 @@ def validate(spec: JobSpec) -> None:
         _check_sbatch_arg(arg)
     for arg in spec.srun_args:
         _check_no_nul("srun argument", arg)
+    if spec.mpi is not None:
+        if not _MPI_PLUGIN.fullmatch(spec.mpi):
+            raise SpecError(f"mpi={spec.mpi!r} is not an MPI plugin name: see `srun --mpi=list`")
+        if spec.launcher != "srun":
+            raise SpecError(
+                f"mpi={spec.mpi!r} is srun's MPI plugin, but launcher is {spec.launcher!r}: use "
+                "it with launcher srun"
+            )
     _check_count("max_requeues", spec.max_requeues, 0)
     _check_signal(spec.signal)
     if not 1 <= spec.signal_lead <= MAX_SIGNAL_LEAD:
@@ -393,6 +404,7 @@ def build_spec(
     env: Iterable[str] = (),
     sbatch_args: Iterable[str] = (),
     srun_args: Iterable[str] = (),
+    mpi: str | None = None,
     max_requeues: int = DEFAULT_MAX_REQUEUES,
     signal: str = DEFAULT_SIGNAL,
     signal_lead: int = DEFAULT_SIGNAL_LEAD,
@@ -433,6 +445,7 @@ def build_spec(
         env=tuple(parse_env_pair(pair) for pair in env),
         sbatch_args=tuple(sbatch_args),
         srun_args=tuple(srun_args),
+        mpi=mpi,
         max_requeues=max_requeues,
         signal=signal,
         signal_lead=signal_lead,

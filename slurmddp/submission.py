@@ -123,5 +123,7 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float]):
 def _log_pattern(spec: JobSpec, local: bool) -> str:
     if local:
         return jobs.LOCAL_LOG_PATTERN
-    # Under torchrun one log per node holds its ranks' lines, tagged [rank/world].
-    return jobs.TORCHRUN_LOG_PATTERN if spec.launcher == "torchrun" else jobs.SLURM_LOG_PATTERN
+    # Under torchrun one log per node holds its ranks' lines, under mpirun one log holds them
+    # all; lines tagged [rank/world].
+    return {"torchrun": jobs.TORCHRUN_LOG_PATTERN,
+            "mpirun": jobs.MPIRUN_LOG_PATTERN}.get(spec.launcher, jobs.SLURM_LOG_PATTERN)

@@ -457,7 +457,7 @@ def test_unknown_profile_lists_the_available_ones(tmp_path, home):
         ("gpus_per_node = true", "gpus_per_node = true must be an integer >= 0"),
         ('setup = "module load x"', 'setup = "module load x" must be a list of strings'),
         ("sbatch_args = [1]", "sbatch_args = [1] must be a list of strings (quote every item)"),
-        ('launcher = "mpirun"', 'launcher = "mpirun" must be one of srun, torchrun'),
+        ('launcher = "mpiexec"', 'launcher = "mpiexec" must be one of srun, torchrun, mpirun'),
         ('backend = "ncl"', 'backend = "ncl" must be one of auto, nccl, gloo, mpi'),
         ("time = [1]", "time = [1] must be a Slurm value such as"),
         ("mem = -1", 'mem = -1 must be a Slurm value such as "64G" or "02:00:00", or an integer'),

@@ -161,7 +161,9 @@ BAD_SPECS = [
     ({"output_dir": "runs"}, "output_dir='runs'"),
     ({"output_dir": "/scratch/a\\b"}, "output_dir='/scratch/a\\\\b'"),
     ({"output_dir": "/scratch/a\nb"}, "output_dir='/scratch/a\\nb'"),
-    ({"launcher": "mpirun"}, "launcher='mpirun'"),
+    ({"launcher": "mpiexec"}, "launcher='mpiexec'"),
+    ({"mpi": "PMIx!"}, "mpi='PMIx!'"),
+    ({"mpi": "pmix", "launcher": "torchrun"}, "srun's MPI plugin"),
     ({"backend": "NCCL"}, "backend='NCCL'"),
     ({"backend": "nccl"}, "backend='nccl' needs GPUs"),
     ({"setup": ("module load cuda\0",)}, "setup line"),
@@ -271,7 +273,7 @@ def test_build_spec_keeps_an_absolute_output_dir_and_explicit_name():
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [({"nodes": "0"}, "nodes '0'"), ({"time": "soon"}, "time 'soon'"),
-     ({"env": ["NOPE"]}, "'NOPE'"), ({"launcher": "mpirun"}, "launcher='mpirun'")],
+     ({"env": ["NOPE"]}, "'NOPE'"), ({"launcher": "mpiexec"}, "launcher='mpiexec'")],
 )  # fmt: skip
 def test_build_spec_reports_bad_options(kwargs, needle):
     with pytest.raises(SpecError, match=re.escape(needle)):

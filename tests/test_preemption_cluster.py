@@ -56,7 +56,8 @@ class Job:
         self.folder = Path(info["job_dir"])
 
     def log(self, rank: int = 0) -> str:
-        return read(self.folder / self.id / f"rank-{rank}.log")
+        ranks = self.folder / self.id / "ranks.log"  # under mpirun: every rank, tagged
+        return read(ranks if ranks.exists() else self.folder / self.id / f"rank-{rank}.log")
 
     @property
     def batch_log(self) -> str:
@@ -87,6 +88,8 @@ class Job:
                           lambda: f"the end of job {self.id}:\n{self.batch_log}")
 
     def results(self) -> list[dict]:
+        if (self.folder / self.id / "ranks.log").exists():
+            return tagged_json(self.log(), "RESULT ")
         return [x for rank in range(4) for x in tagged_json(self.log(rank), "RESULT ")]
 
 
@@ -220,3 +223,21 @@ def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_pat
     assert re.search(r"resumed from \S+ at step \d+", text)
     assert job_fields(slurm_cluster, job_id)["Restarts"] == "1"
     assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
+
+
+@pytest.mark.mpi
+def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path,
+                                                         reference_digest):  # fmt: skip
+    from tests.test_submit_cluster import MPIRUN_AS_ROOT
+
+    job = Job(slurm_cluster, tmp_path, ["--launcher", "mpirun", *MPIRUN_AS_ROOT,
+              *train_args(tmp_path / "ckpt", steps=300, step_time=0.05)])  # fmt: skip
+    job.wait_for_log(r"step 40 ")
+    # What Slurm does at the time limit's warning: USR2 to the batch shell, which passes it on to
+    # mpirun, which passes it on to every rank.
+    slurm_cluster.run(["scancel", "--batch", "--signal=USR2", job.id])
+    job.wait_requeued(1)
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    assert "stopped (signal USR2) at restart 0 after its checkpoint: requeued" in job.batch_log
+    assert {x["digest"] for x in job.results()} == {reference_digest}

@@ -60,6 +60,13 @@ CASES = {
         BASE, nodes_min=2, nodes_max=2, ntasks_per_node=3, launcher="torchrun", requeue=False,
         backend="gloo",
     ),
+    "mpirun_cpu": dataclasses.replace(
+        BASE, target=("train.py", "--lr", "0.1"), nodes_min=2, nodes_max=2, ntasks_per_node=4,
+        launcher="mpirun", signal="USR1",
+    ),
+    "srun_mpi_pmix": dataclasses.replace(
+        BASE, nodes_min=2, nodes_max=2, ntasks_per_node=2, mpi="pmix", cpus_per_task=1,
+    ),
 }  # fmt: skip
 
 

@@ -142,3 +142,33 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster, tmp_path):
     assert "CANCELLED" in status
     unknown = slurmddp(slurm_cluster, "logs", "999999", cwd=tmp_path)
     assert unknown.returncode == 2 and "was not submitted with slurmddp" in unknown.stderr
+
+
+# mpirun refuses root unless told, and four ranks oversubscribe this machine's two cores.
+MPIRUN_AS_ROOT = ["--env", "OMPI_ALLOW_RUN_AS_ROOT=1", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                  "--env", "OMPI_MCA_rmaps_base_oversubscribe=1"]  # fmt: skip
+
+
+@pytest.mark.mpi
+def test_submit_with_mpirun_launcher(slurm_cluster, tmp_path):
+    r = slurmddp(slurm_cluster, "submit", "--follow", "--json", "--launcher", "mpirun",
+                 "--nodes", "2", "--ntasks-per-node", "2", *MPIRUN_AS_ROOT, TRAIN, "--steps", "4",
+                 cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = submitted(r)
+    assert job["logs"].endswith(f"/{job['job_id']}/ranks.log")
+    results = tagged_json(Path(job["logs"]).read_text(), "RESULT ")
+    assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
+    assert len({x["digest"] for x in results}) == 1
+    logs = slurmddp(slurm_cluster, "logs", job["job_id"], "--rank", "0", cwd=tmp_path)
+    assert "[0/4]" in logs.stdout
+
+
+@pytest.mark.mpi
+def test_submit_with_srun_mpi_plugin(slurm_cluster, tmp_path):
+    r = slurmddp(slurm_cluster, "submit", "--follow", "--json", "--mpi", "pmix", "--nodes", "2",
+                 "--ntasks-per-node", "2", TRAIN, "--steps", "4", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = rank_results(submitted(r))
+    assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
+    assert len({x["digest"] for x in results}) == 1

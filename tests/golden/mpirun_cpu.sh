@@ -1,0 +1,114 @@
+#!/bin/bash
+#SBATCH --job-name=train
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --output=/scratch/runs/%j.batch.log
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+
+# Written by slurmddp submit. Logs, appended to when the job is requeued:
+#   <output dir>/<job id>.batch.log        this shell: setup, srun's own messages
+#   <output dir>/<job id>/ranks.log         every rank's output, lines tagged [rank/world size]
+
+set -u  # from here on every variable is ours, and every status is handled by hand
+
+export SLURMDDP_BACKEND=auto
+# The stop protocol (slurmddp.preemption): the ranks stop together on the signal, checkpoint, and
+# rank 0 leaves the reason in the requeue file; this shell then requeues the job, so the ranks
+# need no Slurm tools (they may run in a container).
+export SLURMDDP_SIGNAL=USR1
+export SLURMDDP_MAX_REQUEUES=3
+job_dir=/scratch/runs/"$SLURM_JOB_ID"
+export SLURMDDP_REQUEUE_FILE="$job_dir/requeue"
+export SLURMDDP_DONE_FILE="$job_dir/done"
+restart=${SLURM_RESTART_COUNT:-0}
+
+echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"
+mkdir -p -- "$job_dir" || exit 1
+if [[ -e $SLURMDDP_DONE_FILE ]]; then
+    # Requeued after its work was done (preempted while exiting): nothing is left to run.
+    echo "slurmddp: job $SLURM_JOB_ID finished its work in an earlier run: not run again"
+    exit 0
+fi
+rm -f -- "$SLURMDDP_REQUEUE_FILE"  # a stale one from a run killed before its decision
+
+# The step runs in the background so that this shell takes signals while it waits (bash runs a
+# trap only between commands). srun passes USR1 on to every task. TERM is only noted: Slurm
+# sends it to every step itself, and srun would answer a forwarded TERM by killing the step.
+step=
+received=  # the last signal trapped, for the requeue decision
+interrupted=0
+forward() {
+    received=$1
+    interrupted=1
+    if [[ -n $step ]]; then kill -s "$1" "$step" 2>/dev/null; fi
+}
+note() {
+    received=$1
+    interrupted=1
+}
+trap 'forward USR1' USR1
+trap 'note TERM' TERM
+
+# mpirun finds the allocation itself (it starts its daemons with srun) and passes USR1/USR2 on
+# to every rank. Its ranks share one log, each line tagged with the rank.
+mpirun -np "$SLURM_NTASKS" \
+    /opt/venv/bin/python -m slurmddp.run --tag-output train.py --lr 0.1 \
+    >>"$job_dir/ranks.log" 2>&1 &
+step=$!
+
+wait "$step"
+status=$?
+# A trapped signal ends `wait` early (128+n) while the step runs on: wait again. Bash keeps a
+# background job's status until it is collected, so a wait after the step ended still gets it.
+while ((interrupted)); do
+    interrupted=0
+    wait "$step"
+    rc=$?
+    ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
+done
+
+# ---- requeue decision --------------------------------------------------------------------------
+if [[ ! -e $SLURMDDP_REQUEUE_FILE ]]; then
+    if ((status == 0)); then
+        : >"$SLURMDDP_DONE_FILE"  # finished: a requeue racing this exit must not run it again
+    elif [[ -n $received ]]; then
+        echo "slurmddp: the step ended with status $status after $received; no rank asked for a requeue" >&2
+    fi
+    exit "$status"
+fi
+stopped_by=$(<"$SLURMDDP_REQUEUE_FILE")
+rm -f -- "$SLURMDDP_REQUEUE_FILE"
+
+# Why the ranks got the signal: Slurm stamps PreemptTime on a job it preempts; otherwise a signal
+# within the lead of the time limit is the limit's warning; anything else was sent by hand.
+seconds_left() {  # squeue's %L: [days-][hours:]minutes:seconds, or UNLIMITED
+    [[ $1 =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] || { echo -1; return; }
+    echo $(((((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60) + 10#${BASH_REMATCH[6]}))
+}
+info=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null)
+left=$(seconds_left "$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null)")
+if [[ $info == *" PreemptTime="* && $info != *" PreemptTime=None"* ]]; then
+    why="preempted, $stopped_by"
+elif ((left >= 0 && left <= 120 + 60)); then
+    why="time limit, $stopped_by"
+else
+    why="signal $stopped_by"
+fi
+target=$SLURM_JOB_ID
+if [[ -n ${SLURM_ARRAY_JOB_ID:-} && -n ${SLURM_ARRAY_TASK_ID:-} ]]; then
+    target=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+fi
+if ((restart >= SLURMDDP_MAX_REQUEUES)); then
+    echo "slurmddp: job $target stopped ($why) at restart $restart after its checkpoint: not requeued, the limit of $SLURMDDP_MAX_REQUEUES requeues (--max-requeues) is reached; submit again to resume" >&2
+    # A preempted job is requeued by Slurm itself unless it is told not to be.
+    scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1
+    exit 75
+fi
+echo "slurmddp: job $target stopped ($why) at restart $restart after its checkpoint: requeued ($((restart + 1)) of $SLURMDDP_MAX_REQUEUES)"
+if ! scontrol requeue "$target"; then
+    echo "slurmddp: scontrol requeue $target failed: the job ends here; submit again to resume" >&2
+    exit 75
+fi
+exit 0
