@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import checkpoint_write, preemption_turnaround
+from benchmarks import checkpoint_write, cli_latency, preemption_turnaround, training_overhead
 from benchmarks.table import dump, render
 
 BENCHMARKS = {
+    "cli": lambda o: cli_latency.run(max(o.repeats, 5)),
+    "training": lambda o: training_overhead.run(300, o.repeats),
     "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
 }

@@ -1,0 +1,72 @@
+"""Steady-state overhead of the stop protocol: steps per second of a small DDP loop (2 ranks,
+gloo) under ``python -m slurmddp.run`` calling ``should_stop()`` every step, against the same
+loop started with env:// by hand and no check.
+
+    python -m benchmarks.training_overhead [--steps 300] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.table import Row, alternate, dump, render
+
+PROGRAM = str(Path(__file__).resolve().parent / "programs" / "steps.py")
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _steps_per_second(command: list[str]) -> float:
+    port = str(_free_port())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))}
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+                         env=base | {"RANK": str(r), "WORLD_SIZE": str(WORLD),
+                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                     "OMP_NUM_THREADS": "1"})
+        for r in range(WORLD)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"the training loop failed: {outs}")
+    return float(outs[0].split("STEPS_PER_S ", 1)[1])
+
+
+def run(steps: int = 300, repeats: int = 5) -> list[Row]:
+    n = str(steps)
+    medians = alternate(
+        {
+            "ours": lambda: _steps_per_second(
+                [sys.executable, "-m", "slurmddp.run", PROGRAM, "--steps", n, "--check"]),
+            "plain": lambda: _steps_per_second([sys.executable, PROGRAM, "--steps", n]),
+        },
+        repeats,
+    )
+    return [Row("training", "steps/s, should_stop() every step", medians["ours"],
+                medians["plain"], "steps/s", "env:// by hand, no check", ">= 0.98")]  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.training_overhead")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", type=Path)
+    opts = p.parse_args()
+    rows = run(opts.steps, opts.repeats)
+    print(render(rows))
+    if opts.json:
+        dump(rows, opts.json)
+
+
+if __name__ == "__main__":
+    main()

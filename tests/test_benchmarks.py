@@ -1,0 +1,37 @@
+"""Every benchmark runs once at a tiny size and yields its rows (no time is asserted here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import checkpoint_write, cli_latency, preemption_turnaround, training_overhead
+from benchmarks.table import Row, dump, render
+
+
+def check(rows: list[Row]) -> None:
+    assert rows and all(r.ours > 0 and (r.baseline is None or r.baseline > 0) for r in rows)
+    assert len(render(rows).splitlines()) == len(rows) + 1
+
+
+def test_cli_latency():
+    check(cli_latency.run(repeats=1))
+
+
+def test_training_overhead():
+    check(training_overhead.run(steps=20, repeats=1))
+
+
+def test_checkpoint_write(tmp_path):
+    rows = checkpoint_write.run(size_mib=16, repeats=1, directory=str(tmp_path))
+    check(rows)
+    dump(rows, tmp_path / "out.json")
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert [r["metric"] for r in saved["rows"]] == [r.metric for r in rows]
+    assert saved["machine"]["cpus"] >= 1
+
+
+@pytest.mark.cluster
+def test_preemption_turnaround(slurm_cluster):
+    check(preemption_turnaround.run(repeats=1))
