@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchmarks.table import Row, alternate, dump, render, timed
+from benchmarks.table import Row, alternate, report, timed
 
 MIB = 1 << 20
 
@@ -78,9 +78,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
     rows = run(opts.size_mib, opts.repeats, opts.dir)
-    print(render(rows))
-    if opts.json:
-        dump(rows, opts.json)
+    report(rows, opts.json)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.table import Row, alternate, dump, render, timed
+from benchmarks.table import Row, alternate, report, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,9 +57,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
     rows = run(opts.repeats)
-    print(render(rows))
-    if opts.json:
-        dump(rows, opts.json)
+    report(rows, opts.json)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.table import Row, dump, render
+from benchmarks.table import Row, report
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL = 0.02
@@ -121,9 +121,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
     rows = run(opts.repeats)
-    print(render(rows))
-    if opts.json:
-        dump(rows, opts.json)
+    report(rows, opts.json)
 
 
 if __name__ == "__main__":

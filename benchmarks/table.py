@@ -65,6 +65,13 @@ def render(rows: Sequence[Row]) -> str:
     )
 
 
+def report(rows: Sequence[Row], path: Path | None) -> None:
+    """Print the table, and write it as JSON to `path` when one is given."""
+    print(render(rows))
+    if path is not None:
+        dump(rows, path)
+
+
 def dump(rows: Sequence[Row], path: Path) -> None:
     """Write the rows and the machine they were taken on as JSON."""
     machine = {"python": platform.python_version(), "machine": platform.machine(),

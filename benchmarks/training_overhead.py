@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.table import Row, alternate, dump, render
+from benchmarks.table import Row, alternate, report
 
 PROGRAM = str(Path(__file__).resolve().parent / "programs" / "steps.py")
 WORLD = 2
@@ -63,9 +63,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
     rows = run(opts.steps, opts.repeats)
-    print(render(rows))
-    if opts.json:
-        dump(rows, opts.json)
+    report(rows, opts.json)
 
 
 if __name__ == "__main__":

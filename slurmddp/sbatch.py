@@ -15,16 +15,20 @@ the step starts.
 Launchers:
 
 - ``srun``: one Slurm task per rank, each running ``python -m slurmddp.run TARGET``.
-- ``torchrun``: one Slurm task per node running ``python -m torch.distributed.run``, which starts
-  ntasks_per_node workers. The job then asks for one task per node with all of that node's CPUs
-  (ntasks_per_node x cpus_per_task): a job of ntasks_per_node tasks per node would make the step's
-  ``srun --ntasks-per-node=1`` inherit SLURM_NTASKS and start that many torchruns per node
-  (srun 22.05 warns and ignores --ntasks-per-node).
+- ``torchrun``: one Slurm task per node running ``python -m slurmddp.agent`` (torchrun, relaying
+  the stop signal to its workers), which starts ntasks_per_node workers. The job then asks for
+  one task per node with all of that node's CPUs (ntasks_per_node x cpus_per_task): a job of
+  ntasks_per_node tasks per node would make the step's ``srun --ntasks-per-node=1`` inherit
+  SLURM_NTASKS and start that many torchruns per node (srun 22.05 warns and ignores
+  --ntasks-per-node).
+- ``mpirun``: the batch shell runs ``mpirun -np $SLURM_NTASKS``, which finds the allocation
+  itself; one log holds every rank's lines, tagged with the rank.
 
-Signals: ``--signal=B:USR2@lead`` warns the batch shell, which passes USR2 on to srun, which
-forwards it to every task (srun 22.05 forwards only USR1 and USR2 unchanged: see
+Signals: ``--signal=B:USR2@lead`` (or USR1) warns the batch shell, which passes it on to srun
+(or mpirun), which forwards it to every task (srun 22.05 forwards only USR1 and USR2 unchanged: see
 `slurmddp.jobspec.SIGNALS`). TERM is noted, never forwarded: Slurm sends it to every step itself,
-and srun answers a TERM by killing its step with SIGKILL.
+and srun answers a TERM by killing its step with SIGKILL. After the step, the shell requeues the
+job when rank 0 asked for it (slurmddp.preemption).
 """
 
 from __future__ import annotations
