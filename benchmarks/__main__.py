@@ -5,14 +5,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import checkpoint_write, cli_latency, preemption_turnaround, training_overhead
+from benchmarks import (
+    checkpoint_write,
+    cli_latency,
+    first_collective,
+    hostlist_speed,
+    preemption_turnaround,
+    training_overhead,
+)
 from benchmarks.table import dump, render
 
 BENCHMARKS = {
+    "startup": lambda o: first_collective.run(o.repeats),
     "cli": lambda o: cli_latency.run(max(o.repeats, 5)),
     "training": lambda o: training_overhead.run(300, o.repeats),
     "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
+    "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
 }
 
 

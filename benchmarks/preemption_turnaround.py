@@ -16,7 +16,6 @@ Slurm uses for ``--signal=B:USR2``). Measured from that moment:
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -24,19 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.cluster import ROOT, cluster_env
 from benchmarks.table import Row, report
 
-ROOT = Path(__file__).resolve().parent.parent
 POLL = 0.02
-
-
-def cluster_env() -> dict[str, str]:
-    """The environment of the local cluster's clients (started if it is not running)."""
-    script = ROOT / "scripts" / "slurm-cluster"
-    subprocess.run([str(script), "up"], check=True, capture_output=True)
-    line = subprocess.run([str(script), "env"], check=True, capture_output=True, text=True).stdout
-    conf = line.strip().split("SLURM_CONF=", 1)[1].strip().strip("'\"")
-    return os.environ | {"SLURM_CONF": conf}
 
 
 def _wait(predicate, timeout: float, what: str):

@@ -44,5 +44,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        # Cached, so that a call in a training loop (slurmddp.should_stop()) is a plain lookup.
+        value = globals()[name] = getattr(importlib.import_module(_LAZY[name]), name)
+        return value
     raise AttributeError(f"module 'slurmddp' has no attribute {name!r}")

@@ -21,12 +21,14 @@ status; otherwise rank 0 runs ``scontrol requeue`` itself, inside any Slurm job.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -106,12 +108,15 @@ def flag_device(backend: str, cuda_index: int | None) -> str:
     return "cpu"
 
 
-def should_stop(every: int = 1, group: object = None) -> bool:
+def should_stop(every: int | None = None, group: object = None) -> bool:
     """Whether every rank should stop at this step boundary; the same answer on all ranks.
 
     Call it at the same points on every rank (it is a collective when a process group exists).
-    With `every` > 1 only each `every`-th call communicates; the others return the last answer.
-    True once means True from then on. False after `mark_done`.
+    By default the ranks communicate about once per `AGREE_EVERY_S` seconds of calls: each
+    agreement also settles, from the slowest rank's pace, how many calls pass before the next,
+    so a check at every step costs almost nothing and a signal is acted on within about a
+    second. With `every` = N, exactly each N-th call communicates. Calls that do not communicate
+    return the last answer. True once means True from then on. False after `mark_done`.
     """
     global _agreed, _calls
     install()
@@ -120,10 +125,12 @@ def should_stop(every: int = 1, group: object = None) -> bool:
     if _agreed:
         return True
     _calls += 1
-    if every > 1 and _calls % every:
+    if every is not None and every > 1 and _calls % every:
+        return False
+    if every is None and _calls < _pace.next_call:
         return False
     local = _seen
-    agreed = _agree(local, group) if "torch.distributed" in sys.modules else local
+    agreed = _agree(local, group, every is None) if "torch.distributed" in sys.modules else local
     if agreed:
         _agreed = agreed
         if _rank() == 0:
@@ -132,8 +139,50 @@ def should_stop(every: int = 1, group: object = None) -> bool:
     return bool(agreed)
 
 
-def _agree(local: int, group: object) -> int:
-    """The bits any rank saw, by one all_reduce (MAX) of two integers."""
+AGREE_EVERY_S = 1.0
+MAX_CALLS_BETWEEN = 10_000
+
+
+def calls_between(previous: int, seconds_per_call: float, target_s: float = AGREE_EVERY_S) -> int:
+    """How many calls this rank proposes until the next agreement, at its measured pace.
+
+    At most double the previous gap, so that a fast first stretch (or a slow step that is
+    about to come) cannot push the next agreement far away at once.
+    """
+    if seconds_per_call <= 0:
+        return min(2 * previous, MAX_CALLS_BETWEEN)
+    return max(1, min(int(target_s / seconds_per_call), 2 * previous, MAX_CALLS_BETWEEN))
+
+
+@dataclasses.dataclass
+class _Pace:
+    """When the adaptive agreement next communicates (a call count, the same on every rank)."""
+
+    next_call: int = 0
+    gap: int = 1
+    since_call: int = 0
+    since_time: float = 0.0
+
+    def propose(self, calls: int) -> int:
+        now = time.monotonic()
+        gap = 1 if self.since_call == 0 else calls_between(
+            self.gap, (now - self.since_time) / (calls - self.since_call))  # fmt: skip
+        self.since_call, self.since_time = calls, now
+        return gap
+
+    def settle(self, calls: int, gap: int) -> None:
+        self.gap, self.next_call = gap, calls + gap
+
+
+_pace = _Pace()
+
+
+def _agree(local: int, group: object, paced: bool) -> int:
+    """The bits any rank saw, by one all_reduce (MAX) of three integers.
+
+    The third settles the paced gap: MAX of the negated proposals is the smallest, so every rank
+    waits for the same call, paced by the slowest.
+    """
     import torch
     import torch.distributed as td
 
@@ -144,10 +193,15 @@ def _agree(local: int, group: object) -> int:
     cuda = torch.cuda.current_device() if backend == "nccl" else None
     device = flag_device(backend, cuda)
     if _flag is None or str(_flag.device) != device:
-        _flag = torch.zeros(2, dtype=torch.int32, device=device)
-    _flag[0], _flag[1] = local & _STOP, local & _TERM  # MAX of each bit: no bitwise op in NCCL
-    td.all_reduce(_flag, op=td.ReduceOp.MAX, group=group)
-    return int(_flag[0].item()) | int(_flag[1].item())
+        _flag = torch.zeros(3, dtype=torch.int32, device=device)
+    proposal = _pace.propose(_calls) if paced else 1
+    # One copy from a host tensor: element-wise writes to a CUDA tensor would be three copies.
+    _flag.copy_(torch.tensor([local & _STOP, local & _TERM, -proposal], dtype=torch.int32))
+    td.all_reduce(_flag, op=td.ReduceOp.MAX, group=group)  # MAX per bit: NCCL has no bitwise OR
+    stop, term, gap = _flag.tolist()
+    if paced:
+        _pace.settle(_calls, -gap)
+    return stop | term
 
 
 def _rank() -> int:
@@ -235,8 +289,10 @@ def requeue() -> NoReturn:
         raise SystemExit(NOT_REQUEUED_STATUS)
     restarts, allowed = requeue_budget(os.environ)
     if restarts >= allowed:
-        _say(f"stopped by {reason} at restart {restarts}: not requeued, the limit of {allowed} "
-             "requeues is reached (--max-requeues); submit again to resume from the checkpoint")
+        _say(
+            f"stopped by {reason} at restart {restarts}: not requeued, the limit of {allowed} "
+            "requeues is reached (--max-requeues); submit again to resume from the checkpoint"
+        )
         raise SystemExit(NOT_REQUEUED_STATUS)
     if route == "local":
         if rank == 0:

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from benchmarks import checkpoint_write, cli_latency, preemption_turnaround, training_overhead
+from benchmarks import (
+    checkpoint_write,
+    cli_latency,
+    first_collective,
+    hostlist_speed,
+    preemption_turnaround,
+    training_overhead,
+)
 from benchmarks.table import Row, dump, render
 
 
@@ -32,6 +39,17 @@ def test_checkpoint_write(tmp_path):
     assert saved["machine"]["cpus"] >= 1
 
 
+def test_hostlist_speed():
+    rows = hostlist_speed.run(sizes=(10,), repeats=1)
+    check(rows)
+    assert [r.metric for r in rows] == ["expand 10 hosts"] * 2 + ["compress 10 hosts"] * 2
+
+
 @pytest.mark.cluster
 def test_preemption_turnaround(slurm_cluster):
     check(preemption_turnaround.run(repeats=1))
+
+
+@pytest.mark.cluster
+def test_first_collective(slurm_cluster):
+    check(first_collective.run(repeats=1))

@@ -414,3 +414,51 @@ def test_compress_padded_width_is_kept(numbers, width):
     hostlist = compress(hosts)
     assert expand(hostlist) == hosts
     assert hostlist.count("[") <= 1
+
+
+# ---- python-hostlist as an oracle ----
+
+try:
+    import hostlist as python_hostlist
+except ImportError:
+    python_hostlist = None
+
+needs_python_hostlist = pytest.mark.skipif(
+    python_hostlist is None, reason="python-hostlist is not installed (pip install -e '.[test]')"
+)
+
+
+@st.composite
+def rack_hosts(draw: st.DrawFn) -> list[str]:
+    """Distinct names with two numbers, which python-hostlist groups on both."""
+    name = st.builds(
+        "{}{:0{}d}n{:0{}d}{}".format,
+        st.sampled_from(["r", "gpu-r", ""]), st.integers(0, 12), st.integers(1, 3),
+        st.integers(0, 12), st.integers(1, 3), st.sampled_from(["", "", "-ib"]),
+    )  # fmt: skip
+    return draw(st.lists(name, unique=True, max_size=40))
+
+
+@needs_python_hostlist
+@given(nodelists(suffix=True))
+def test_expand_matches_python_hostlist(case):
+    nodelist, _ = case
+    theirs = python_hostlist.expand_hostlist(nodelist, allow_duplicates=True)
+    ours = expand(nodelist)
+    # With three bracket groups or more in one item, Slurm's order is not python-hostlist's.
+    if nodelist.count("[") <= 2:
+        assert ours == theirs
+    else:
+        assert sorted(ours) == sorted(theirs)
+
+
+@needs_python_hostlist
+@given(st.one_of(host_lists().map(lambda hosts: list(dict.fromkeys(hosts))), rack_hosts()))
+def test_round_trips_match_python_hostlist(hosts):
+    # python-hostlist drops duplicates, hence distinct hosts. Its collect_hostlist sorts and
+    # groups on every number in a name, so its text differs from Slurm's: compare expansions.
+    ours = compress(hosts)
+    theirs = python_hostlist.collect_hostlist(hosts)
+    assert expand(ours) == python_hostlist.expand_hostlist(ours) == hosts
+    assert sorted(expand(theirs)) == sorted(python_hostlist.expand_hostlist(theirs))
+    assert sorted(expand(theirs)) == sorted(hosts)

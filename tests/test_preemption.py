@@ -153,6 +153,59 @@ def test_all_ranks_stop_at_the_same_step_when_one_is_signalled(every):
     assert [r["stops"] for r in results] == [expected] * 3
 
 
+PACED = """
+    import json, os, signal, time, slurmddp
+    import torch.distributed as td
+    d = slurmddp.init("gloo", timeout=60)
+    agreements, reduce = 0, td.all_reduce
+    def counting(*args, **kwargs):
+        global agreements
+        agreements += 1
+        return reduce(*args, **kwargs)
+    td.all_reduce = counting
+    stops = None
+    for step in range(1, 3000):
+        time.sleep(0.005)
+        if d.rank == 1 and step == 300:
+            os.kill(os.getpid(), signal.SIGUSR2)  # only rank 1 is warned
+        if slurmddp.should_stop():
+            stops = step
+            break
+    print(json.dumps({"rank": d.rank, "stops": stops, "agreements": agreements}))
+    td.all_reduce = reduce
+    td.barrier()
+    td.destroy_process_group()
+"""
+
+
+def test_by_default_ranks_agree_about_once_a_second_and_stop_together():
+    port = str(free_port())
+    procs = [
+        subprocess.Popen([sys.executable, "-c", textwrap.dedent(PACED)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env=launcher_free_env(RANK=str(r), WORLD_SIZE="3",
+                                               MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+        for r in range(3)
+    ]  # fmt: skip
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    stops = {r["stops"] for r in results}
+    assert len(stops) == 1, results
+    # Steps take at least 5 ms, so the gap between agreements never exceeds 200 calls.
+    assert 300 <= stops.pop() <= 500, results
+    # About one agreement per second (~2 s of steps) after the gap has grown, not one per step.
+    assert {r["agreements"] for r in results} == {results[0]["agreements"]}
+    assert results[0]["agreements"] < 30, results
+
+
+@pytest.mark.parametrize(
+    ("previous", "seconds_per_call", "expected"),
+    [(1, 0.5, 2), (1, 0.001, 2), (64, 0.001, 128), (512, 0.001, 1000), (100, 2.0, 1),
+     (8, 0.0, 16), (10_000, 1e-9, preemption.MAX_CALLS_BETWEEN)],
+)  # fmt: skip
+def test_the_gap_follows_the_pace_and_at_most_doubles(previous, seconds_per_call, expected):
+    assert preemption.calls_between(previous, seconds_per_call) == expected
+
+
 REQUEUE = """
     import os, signal, slurmddp
     from slurmddp import preemption
