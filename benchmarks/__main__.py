@@ -11,6 +11,7 @@ from benchmarks import (
     first_collective,
     hostlist_speed,
     preemption_turnaround,
+    rendezvous_scale,
     training_overhead,
 )
 from benchmarks.table import dump, render
@@ -22,6 +23,7 @@ BENCHMARKS = {
     "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
+    "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
 }
 
 

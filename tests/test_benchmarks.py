@@ -12,6 +12,7 @@ from benchmarks import (
     first_collective,
     hostlist_speed,
     preemption_turnaround,
+    rendezvous_scale,
     training_overhead,
 )
 from benchmarks.table import Row, dump, render
@@ -43,6 +44,12 @@ def test_hostlist_speed():
     rows = hostlist_speed.run(sizes=(10,), repeats=1)
     check(rows)
     assert [r.metric for r in rows] == ["expand 10 hosts"] * 2 + ["compress 10 hosts"] * 2
+
+
+def test_rendezvous_scale():
+    rows = rendezvous_scale.run(sizes=(8,), repeats=1, gloo_max=8, calls=5, lookups=1)
+    check(rows)
+    assert sum(r.metric.startswith("rendezvous N=8") for r in rows) == 4
 
 
 @pytest.mark.cluster

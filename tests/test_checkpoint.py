@@ -20,6 +20,7 @@ import textwrap
 import threading
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,8 @@ def pointer(directory: Path) -> str:
 
 
 def write_manifest(path: Path, step: int, mode: str = "replicated") -> None:
-    """A manifest that matches whatever files `path` holds now (to craft checkpoints)."""
+    """A manifest that matches whatever files `path` holds now (to craft checkpoints); format 1,
+    with sha256 sums, as older versions wrote: it still loads."""
     files = {}
     for f in sorted(path.iterdir()):
         if f.name != "manifest.json":
@@ -87,9 +89,9 @@ def test_save_and_load_round_trip(tmp_path):
     assert entries(directory / "step-00000012") == ["manifest.json", "state.pt"]
     manifest = json.loads((directory / "step-00000012" / "manifest.json").read_text())
     data = (directory / "step-00000012" / "state.pt").read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    assert manifest == {"format": 1, "step": 12, "mode": "replicated",
-                        "files": {"state.pt": {"size": len(data), "sha256": digest}}}  # fmt: skip
+    crc = f"{zlib.crc32(data):08x}"
+    assert manifest == {"format": 2, "step": 12, "mode": "replicated",
+                        "files": {"state.pt": {"size": len(data), "crc32": crc}}}  # fmt: skip
     loaded = Checkpointer(directory).load_latest()
     assert loaded.step == 12 and loaded.path == directory / "step-00000012"
     assert loaded.state.keys() == state.keys()
@@ -278,9 +280,85 @@ def test_corrupt_newest_falls_back_to_the_previous(tmp_path, capsys):
     (newest / "state.pt").write_bytes(bytes(data))
     assert_loads(tmp_path, 2)
     assert capsys.readouterr().err == (
+        f"slurmddp: checkpoint {newest} is corrupt (the crc32 of state.pt does not match its "
+        f"manifest); falling back to {previous}\n"
+    )
+
+
+def test_format_1_manifests_with_sha256_still_load_and_verify(tmp_path, capsys):
+    newest, previous = newest_two(tmp_path)
+    for path, step in ((newest, 3), (previous, 2)):
+        (path / "manifest.json").unlink()
+        write_manifest(path, step)
+    assert_loads(tmp_path, 3)
+    data = bytearray((newest / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (newest / "state.pt").write_bytes(bytes(data))
+    assert_loads(tmp_path, 2)
+    assert capsys.readouterr().err == (
         f"slurmddp: checkpoint {newest} is corrupt (the sha256 of state.pt does not match its "
         f"manifest); falling back to {previous}\n"
     )
+
+
+def test_a_newer_manifest_format_is_skipped(tmp_path, capsys):
+    newest, previous = newest_two(tmp_path)
+    manifest = json.loads((newest / "manifest.json").read_text())
+    (newest / "manifest.json").write_text(json.dumps({**manifest, "format": 3}))
+    assert_loads(tmp_path, 2)
+    assert capsys.readouterr().err == (f"slurmddp: checkpoint {newest} is in an unknown format "
+                                       f"(version 3); falling back to {previous}\n")  # fmt: skip
+
+
+def test_a_large_state_is_checksummed_while_written_and_flushed_early(tmp_path, monkeypatch):
+    # Small thresholds: the 6 MiB of tensors take the crc32 in parts, combined, and background
+    # fdatasyncs.
+    monkeypatch.setattr(checkpoint, "_PARALLEL_CRC", 1 << 16)
+    monkeypatch.setattr(checkpoint, "_FLUSH_EVERY", 1 << 20)
+    synced = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real_fdatasync(fd))
+    state = {f"t{i}": torch.randn(1 << 18) for i in range(6)} | {"small": torch.ones(3)}
+    Checkpointer(tmp_path).save(1, state)
+    path = tmp_path / "step-00000001"
+    data = (path / "state.pt").read_bytes()
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["files"]["state.pt"] == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    assert synced  # the disk got the first MiBs before the end
+    loaded = Checkpointer(tmp_path).load_latest()
+    assert all(torch.equal(loaded.state[k], v) for k, v in state.items())
+
+
+def test_crc32_combine_matches_zlib():
+    rng = random.Random(7)
+    for _ in range(100):
+        a, b = rng.randbytes(rng.randrange(0, 3000)), rng.randbytes(rng.randrange(0, 3000))
+        whole = checkpoint._crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b))
+        assert whole == zlib.crc32(a + b)
+    assert checkpoint._crc32_combine(0x12345678, 0, 0) == 0x12345678  # B empty
+    # Lengths of 512 MiB and more wrap around the table: (A+B)+C must equal A+(B+C).
+    combine = checkpoint._crc32_combine
+    for _ in range(20):
+        c1, c2, c3 = (rng.getrandbits(32) for _ in range(3))
+        l2, l3 = rng.randrange(1 << 29, 1 << 42), rng.randrange(1 << 29, 1 << 42)
+        assert combine(combine(c1, c2, l2), c3, l3) == combine(c1, combine(c2, c3, l3), l2 + l3)
+
+
+def test_a_failed_background_flush_fails_the_save(tmp_path, monkeypatch):
+    ckpt = save_steps(tmp_path, [1])
+    monkeypatch.setattr(checkpoint, "_FLUSH_EVERY", 1 << 20)
+
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", eio)
+    with pytest.raises(CheckpointError, match=r"^cannot save checkpoint step 2 in .*: \[Errno 5\] "
+                                              r"Input/output error; the previous"):  # fmt: skip
+        ckpt.save(2, {"w": torch.randn(1 << 20), "step": 2})
+    monkeypatch.undo()
+    assert pointer(tmp_path) == "step-00000001"
+    assert not [n for n in entries(tmp_path) if n.startswith(".tmp-")]
+    assert_loads(tmp_path, 1)
 
 
 def test_truncated_newest_falls_back_to_the_previous(tmp_path, capsys):
@@ -648,7 +726,10 @@ def free_port() -> int:
 
 def run_ranks(code: str, directory: Path, world: int = 2) -> list[dict]:
     port = str(free_port())
-    program = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT', json.dumps(out))\n"
+    # gloo's teardown at interpreter exit can abort a rank that has finished its work ("terminate
+    # called without an active exception"): leave as slurmddp.run does, with os._exit.
+    program = (PRELUDE + textwrap.dedent(code) + "\nprint('RESULT', json.dumps(out), flush=True)"
+               "\nos._exit(0)\n")  # fmt: skip
     procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
