@@ -6,17 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from slurmddp import __version__
-from slurmddp.errors import fail
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``PROG: error: what was wrong``, exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(f"{message} (see {self.prog} --help)", prog=self.prog)
+from slurmddp.errors import Parser, reported
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -64,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int | str | None:
         from slurmddp import run
 
         run.exit_process(run.main(argv[1:], prog="slurmddp run"))
+    with reported(f"slurmddp {command}" if command and command[0] != "-" else "slurmddp"):
+        return _dispatch(argv, command)
+
+
+def _dispatch(argv: list[str], command: str | None) -> int | str | None:
     parser, commands = build_parser()
     if command in ("submit", "template"):
         from slurmddp import cli_submit

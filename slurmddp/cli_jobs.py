@@ -40,6 +40,12 @@ def status(opts: argparse.Namespace) -> int:
     print(f"{'JOB':>10}  {'STATE':<12} {'ENGINE':<6} {'NAME':<20} DIRECTORY")
     for r in records:
         print(f"{r.job_id:>10}  {current[r.job_id]:<12} {r.engine:<6} {r.name:<20} {r.folder}")
+    # sacct answers from slurmdbd even while slurmctld is down, with states that may be stale.
+    down = any(r.engine == "slurm" for r in records) and jobs.controller_down()
+    if down:
+        sys.stdout.flush()
+        stale = f"{down}; the states above come from accounting (sacct) and may be out of date"
+        fail(jobs.controller_unreachable(stale), prog=opts.prog, status=1)
     return 0
 
 
@@ -76,12 +82,9 @@ def cancel(opts: argparse.Namespace) -> int:
 def profiles(opts: argparse.Namespace) -> int:
     from slurmddp import config
 
-    try:
-        files = config.load_sources(Path.cwd(), os.environ)
-        settings = config.resolve_settings({}, opts.profile, files) if opts.profile else None
-        print(config.format_profiles(config.list_profiles(files), settings))
-    except config.ConfigError as e:
-        fail(str(e), prog=opts.prog)
+    files = config.load_sources(Path.cwd(), os.environ)
+    settings = config.resolve_settings({}, opts.profile, files) if opts.profile else None
+    print(config.format_profiles(config.list_profiles(files), settings))
     return 0
 
 

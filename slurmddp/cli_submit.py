@@ -33,6 +33,7 @@ _SPEC_OPTIONS = (
     ("--backend", "backend", "auto, nccl, gloo or mpi (default auto)", str),
     ("--template", "template", "a Jinja sbatch template of your own", str),
     ("--max-requeues", "max_requeues", "requeues allowed after preemption (default 3)", str),
+    ("--max-restarts", "max_restarts", "torchrun's restarts of failed workers (default 0)", str),
     ("--signal-lead", "signal_lead", "seconds of warning before the time limit (default 120)", str),
     ("--signal", "signal", "the warning signal (default USR2)", str),
     ("--python", "python", "the interpreter on the nodes (default: this one)", str),
@@ -98,7 +99,7 @@ def split_target(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[
 
 
 def build(opts: argparse.Namespace, rest: list[str], prog: str):
-    """(spec, script text) from parsed options, or a one-line error and exit 2."""
+    """(spec, script text) from parsed options; bad input raises `slurmddp.errors.UserError`."""
     from slurmddp import config, jobspec, sbatch, templating
 
     target = ["-m", opts.module, *rest] if opts.module else rest
@@ -109,43 +110,41 @@ def build(opts: argparse.Namespace, rest: list[str], prog: str):
 
     typed = {dest: getattr(opts, dest) for _, dest, _, _ in _SPEC_OPTIONS}
     typed |= {dest: getattr(opts, dest) for _, dest, _ in _LIST_OPTIONS}
-    try:
-        files = config.load_sources(Path.cwd(), os.environ)
-        settings = config.resolve_settings(typed, opts.profile, files)
-        values = dict(settings.items())
-        spec = jobspec.build_spec(
-            target,
-            job_name=opts.job_name,
-            nodes=values.get("nodes", 1),
-            ntasks_per_node=values.get("ntasks_per_node"),
-            gpus_per_node=values.get("gpus_per_node", 0),
-            cpus_per_task=values.get("cpus_per_task"),
-            mem=_text(values.get("mem")),
-            time=_text(values.get("time")),
-            partition=values.get("partition"),
-            account=values.get("account"),
-            qos=values.get("qos"),
-            constraint=values.get("constraint"),
-            output_dir=str(values.get("output", jobspec.DEFAULT_OUTPUT_DIR)),
-            launcher=values.get("launcher", "srun"),
-            backend=values.get("backend", "auto"),
-            setup=values.get("setup", ()),
-            env=[f"{k}={v}" for k, v in values.get("env", {}).items()],
-            sbatch_args=values.get("sbatch_args", ()),
-            srun_args=values.get("srun_args", ()),
-            mpi=values.get("mpi"),
-            max_requeues=values.get("max_requeues", jobspec.DEFAULT_MAX_REQUEUES),
-            signal=values.get("signal", jobspec.DEFAULT_SIGNAL),
-            signal_lead=values.get("signal_lead", jobspec.DEFAULT_SIGNAL_LEAD),
-            python=_text(values.get("python")),
-        )
-        template = values.get("template")
-        if template is None:
-            script = sbatch.render_script(spec)
-        else:
-            script = templating.render_file(Path(str(template)), **sbatch.context(spec))
-    except (config.ConfigError, jobspec.SpecError, templating.TemplateError) as e:
-        fail(str(e), prog=prog)
+    files = config.load_sources(Path.cwd(), os.environ)
+    settings = config.resolve_settings(typed, opts.profile, files)
+    values = dict(settings.items())
+    spec = jobspec.build_spec(
+        target,
+        job_name=opts.job_name,
+        nodes=values.get("nodes", 1),
+        ntasks_per_node=values.get("ntasks_per_node"),
+        gpus_per_node=values.get("gpus_per_node", 0),
+        cpus_per_task=values.get("cpus_per_task"),
+        mem=_text(values.get("mem")),
+        time=_text(values.get("time")),
+        partition=values.get("partition"),
+        account=values.get("account"),
+        qos=values.get("qos"),
+        constraint=values.get("constraint"),
+        output_dir=str(values.get("output", jobspec.DEFAULT_OUTPUT_DIR)),
+        launcher=values.get("launcher", "srun"),
+        backend=values.get("backend", "auto"),
+        setup=values.get("setup", ()),
+        env=[f"{k}={v}" for k, v in values.get("env", {}).items()],
+        sbatch_args=values.get("sbatch_args", ()),
+        srun_args=values.get("srun_args", ()),
+        mpi=values.get("mpi"),
+        max_requeues=values.get("max_requeues", jobspec.DEFAULT_MAX_REQUEUES),
+        max_restarts=values.get("max_restarts", 0),
+        signal=values.get("signal", jobspec.DEFAULT_SIGNAL),
+        signal_lead=values.get("signal_lead", jobspec.DEFAULT_SIGNAL_LEAD),
+        python=_text(values.get("python")),
+    )
+    template = values.get("template")
+    if template is None:
+        script = sbatch.render_script(spec)
+    else:
+        script = templating.render_file(Path(str(template)), **sbatch.context(spec))
     return spec, script
 
 
@@ -190,8 +189,12 @@ def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     opts = parser.parse_args(own)
     _, script = build(opts, rest, parser.prog)
     if opts.output_file:
-        Path(opts.output_file).write_text(script, encoding="utf-8")
-        Path(opts.output_file).chmod(0o755 & ~_umask())
+        try:
+            Path(opts.output_file).write_text(script, encoding="utf-8")
+            Path(opts.output_file).chmod(0o755 & ~_umask())
+        except OSError as e:
+            fail(f"cannot write {opts.output_file!r}: {e.strerror}; give -o a file in a directory "
+                 "you may write to", prog=parser.prog)  # fmt: skip
     else:
         sys.stdout.write(script)
     return 0

@@ -63,6 +63,7 @@ from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from slurmddp.errors import UserError
 from slurmddp.jobspec import LAUNCHERS
 from slurmddp.placement import BACKENDS
 
@@ -81,8 +82,9 @@ USER_FILE = Path("slurmddp", "profiles.toml")  # under $XDG_CONFIG_HOME or ~/.co
 # Option keys in display order; a profile may set any of them, and so may a file's top level.
 OPTIONS = (
     "partition", "account", "qos", "constraint", "nodes", "ntasks_per_node", "gpus_per_node",
-    "cpus_per_task", "mem", "time", "signal", "signal_lead", "max_requeues", "launcher",
-    "backend", "python", "template", "output", "setup", "env", "sbatch_args", "srun_args", "mpi",
+    "cpus_per_task", "mem", "time", "signal", "signal_lead", "max_requeues", "max_restarts",
+    "launcher", "backend", "python", "template", "output", "setup", "env", "sbatch_args",
+    "srun_args", "mpi",
 )  # fmt: skip
 _LISTS = frozenset({"setup", "sbatch_args", "srun_args"})
 _MINIMUM = {
@@ -92,6 +94,7 @@ _MINIMUM = {
     "cpus_per_task": 1,
     "signal_lead": 0,
     "max_requeues": 0,
+    "max_restarts": 0,
 }
 # Slurm reads a bare number as minutes (--time) or megabytes (--mem), so integers are fine too;
 # 0 means no limit (--time) or all of the node's memory (--mem).
@@ -118,7 +121,7 @@ BUILT_IN = "built-in default"
 COMMAND_LINE = "command line"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration file or option is wrong; the one-line message names it and the fix."""
 
 

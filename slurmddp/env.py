@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from slurmddp import hostlist
+from slurmddp.errors import UserError
 
 Launcher = Literal["torchrun", "env", "mpi", "slurm", "single"]
 
@@ -45,7 +46,7 @@ _INTEGER = re.compile(r"-?[0-9]+")
 _JOB_ID = re.compile(r"[0-9]+")
 
 
-class EnvError(ValueError):
+class EnvError(UserError, ValueError):
     """The environment describes no consistent distributed job; the message names the variables."""
 
 
@@ -127,7 +128,7 @@ class _Vars:
             return None
         raw, name = found
         if not _INTEGER.fullmatch(raw.strip()):
-            raise EnvError(f"{name}={raw!r} is not an integer")
+            raise EnvError(f"{name}={raw!r} is not an integer: give a whole number, or unset it")
         value = int(raw)
         if value < minimum:
             raise EnvError(f"{name}={raw!r} must be at least {minimum}")
@@ -229,7 +230,10 @@ def _from_torchrun(v: _Vars) -> _Layout | None:
         return None
     pair = v.pair("RANK", "WORLD_SIZE")
     if pair is None:
-        raise EnvError("TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not")
+        raise EnvError(
+            "TORCHELASTIC_RUN_ID is set but RANK and WORLD_SIZE are not: start the script with "
+            "torchrun, or unset TORCHELASTIC_RUN_ID"
+        )
     return _from_torchrun_names(v, "torchrun", *pair)
 
 
@@ -330,7 +334,10 @@ def _from_slurm(v: _Vars) -> _Layout | None:
         if value is None
     ]
     if missing:
-        raise EnvError(f"a Slurm step is incomplete: {', '.join(missing)} unset")
+        raise EnvError(
+            f"a Slurm step is incomplete: {', '.join(missing)} unset; start the ranks with srun, "
+            "which sets them all"
+        )
     assert rank and size and local_rank and node_rank and num_nodes
     if node_rank[0] >= num_nodes[0]:
         raise EnvError(f"{node_rank[1]}={node_rank[0]} is not below {num_nodes[1]}={num_nodes[0]}")
@@ -425,19 +432,28 @@ def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]
     try:
         return host_format.format(host=host), f"{source}, formatted {host_format!r}"
     except (KeyError, IndexError, ValueError) as e:
-        raise EnvError(f"master host format {host_format!r} is invalid: {e}") from None
+        raise EnvError(
+            f"master host format {host_format!r} is invalid ({type(e).__name__}: {e}): write "
+            "{host} where the host name goes, e.g. '{host}-ib0'"
+        ) from None
 
 
 def _master_port(v: _Vars, job: tuple[str, str] | None) -> tuple[int, str]:
     given = v.integer("MASTER_PORT", minimum=1)
     if given is not None:
         if given[0] > 65535:
-            raise EnvError(f"MASTER_PORT={given[0]} is not a TCP port (1-65535)")
+            raise EnvError(
+                f"MASTER_PORT={given[0]} is not a TCP port: give 1 to 65535, or unset it for a "
+                "port derived from the job"
+            )
         return given
     if job is None:
         return DEFAULT_PORT, "default"
     if not _JOB_ID.fullmatch(job[0]):
-        raise EnvError(f"{job[1]}={job[0]!r} is not a numeric Slurm job id")
+        raise EnvError(
+            f"{job[1]}={job[0]!r} is not a numeric Slurm job id, to derive the master port from: "
+            "set MASTER_PORT"
+        )
     job_id = int(job[0])
     step = v.integer("SLURM_STEP_ID", "SLURM_STEPID")
     step_id = step[0] if step else 0

@@ -101,6 +101,33 @@ def states(records: Iterable[JobRecord]) -> dict[str, str]:
     return out
 
 
+# What Slurm's clients say when slurmctld does not answer.
+_UNREACHABLE = "Unable to contact slurm controller"
+
+
+def controller_unreachable(detail: str) -> str:
+    """The one-line message for a command that needed slurmctld and could not reach it."""
+    return (f"cannot reach the Slurm controller (slurmctld): {detail}; check `scontrol ping` and "
+            "try again")  # fmt: skip
+
+
+def unreachable(message: str) -> bool:
+    """Whether a Slurm client's error `message` says that slurmctld did not answer."""
+    return _UNREACHABLE in message
+
+
+def controller_down() -> str | None:
+    """None when slurmctld answers `scontrol ping` (one quick RPC); else what was said."""
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"scontrol ping: {e}"
+    if ping.returncode == 0:
+        return None
+    said = (ping.stdout + ping.stderr).strip().splitlines()  # "Slurmctld(primary) at H is DOWN"
+    return f"scontrol ping: {said[0] if said else f'status {ping.returncode}'}"
+
+
 def local_state(record: JobRecord) -> str:
     """A local job runs while its controller lives; then the ranks' exit files tell the end."""
     if _alive(int(record.job_id)):

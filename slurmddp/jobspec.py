@@ -15,6 +15,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import PurePath
 
+from slurmddp.errors import UserError
 from slurmddp.placement import BACKENDS
 
 __all__ = [
@@ -92,7 +93,7 @@ _MEM = re.compile(r"[0-9]+(?:[KMGTkmgt][Bb]?)?")
 _UNLIMITED = ("UNLIMITED", "INFINITE")
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A job description sbatch would refuse or misread; the message says which value and why."""
 
 
@@ -311,7 +312,7 @@ def _check_line(name: str, value: str) -> None:
 def _check_name(name: str, value: str) -> None:
     _check_line(name, value)
     if any(c.isspace() for c in value):
-        raise SpecError(f"{name}={value!r} contains a space: Slurm names have none")
+        raise SpecError(f"{name}={value!r} contains a space: Slurm names have none; remove it")
 
 
 def _check_output_dir(path: str) -> None:
@@ -323,7 +324,10 @@ def _check_output_dir(path: str) -> None:
         )
     if "\\" in path:
         # Slurm drops the backslash and stops expanding %j, so the log would land elsewhere.
-        raise SpecError(f"output_dir={path!r} contains a backslash, which Slurm log paths drop")
+        raise SpecError(
+            f"output_dir={path!r} contains a backslash, which Slurm log paths drop: choose a "
+            "directory without one"
+        )
 
 
 def _check_count(name: str, value: int, minimum: int) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from slurmddp.errors import UserError
+
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 
 
-class PlacementError(ValueError):
+class PlacementError(UserError, ValueError):
     """The requested backend cannot run here; the message says what to use instead."""
 
 

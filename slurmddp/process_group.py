@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 
-from slurmddp import placement, preemption
+from slurmddp import placement, preemption, startup
 from slurmddp.bootstrap import bootstrap
 from slurmddp.env import DistEnv
 
@@ -17,18 +17,25 @@ def init(
     timeout: float | datetime.timedelta | None = None,
     *,
     master_host_format: str | None = None,
+    startup_timeout: float | None = None,
 ) -> DistEnv:
     """Resolve this rank, export torchrun's variables, set the device and join the process group.
 
     Also installs the stop-signal handlers of `slurmddp.should_stop`.
 
     `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi. `timeout` (seconds or a
-    timedelta) bounds start-up and every collective; None keeps torch's default. Calling it
-    again returns the same `DistEnv` without touching the existing group.
+    timedelta) bounds every collective, and start-up when shorter; None keeps torch's default
+    (30 minutes on gloo, 10 on nccl). `startup_timeout` (seconds, default
+    $SLURMDDP_STARTUP_TIMEOUT or 300) bounds the wait for every rank to join; its failure is a
+    `slurmddp.startup.StartupError` naming the missing ranks. Calling `init` again returns the
+    same `DistEnv` without touching the existing group.
     """
     import torch
     import torch.distributed as td
 
+    if startup_timeout is not None and not 0 < startup_timeout < float("inf"):
+        raise ValueError(f"startup_timeout must be a number of seconds above 0, not "
+                         f"{startup_timeout!r}")  # fmt: skip
     dist = bootstrap(master_host_format=master_host_format)
     preemption.install()
     if td.is_initialized():
@@ -59,7 +66,9 @@ def init(
         kwargs["device_id"] = torch.device(chosen.device)
     if chosen.backend == "mpi":
         td.init_process_group("mpi", **kwargs)  # MPI knows rank and size itself
-    else:
+        return dist
+    startup.patch()
+    with startup.limited(startup_timeout):
         td.init_process_group(
             chosen.backend,
             init_method="env://",

@@ -19,20 +19,22 @@ import contextlib
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from slurmddp import preemption
-from slurmddp.bootstrap import MASTER_HOST_FORMAT_VAR, bootstrap
+from slurmddp import errors, preemption, startup
+from slurmddp.bootstrap import MASTER_HOST_FORMAT_VAR, bootstrap, current
 from slurmddp.env import EnvError
-from slurmddp.errors import fail
+from slurmddp.errors import USAGE_ERROR, Parser, UserError, fail, one_line, report, reported
 
 PROG = "python -m slurmddp.run"
+FAILURE_FILE_VARIABLE = "SLURMDDP_FAILURE_FILE"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The runner's own options (those before SCRIPT)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         usage=f"{prog} [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
         description="Run a torchrun-style training script on this rank of a Slurm, MPI or "
@@ -75,8 +77,55 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | None:
-    """Entry point; returns the script's exit status (a SystemExit code, for sys.exit)."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Entry point; returns the script's exit status (a SystemExit code, for sys.exit).
+
+    The runner's own errors are one line (`slurmddp.errors.reported`); so are slurmddp's
+    `UserError`s raised in the script (a bad checkpoint, say), with status 2. The script's other
+    exceptions keep their traceback.
+    """
+    with reported(prog):
+        module, rest = _prepare(sys.argv[1:] if argv is None else argv, prog)
+    try:
+        _execute(module, rest)
+    except SystemExit as e:
+        # 75: stopped for good after a checkpoint (slurmddp.preemption said why), not a failure.
+        if e.code not in (None, 0, preemption.NOT_REQUEUED_STATUS):
+            _note_failure(f"exited with status {e.code if isinstance(e.code, int) else 1}")
+        return e.code
+    except UserError as e:
+        report(one_line(e), prog=prog)
+        _note_failure(f"failed: {one_line(e)}", echo=False)  # the line above says it already
+        return USAGE_ERROR
+    except Exception as e:
+        # First a line that names the rank and its node, so that the job's summary and a grep
+        # of the logs find the failure; then, as Python would, the traceback.
+        _note_failure(f"failed: {type(e).__name__}: {one_line(e)}")
+        if not isinstance(e, startup.StartupError) or errors.debug():  # its message says it all
+            traceback.print_exc()
+        return 1
+    return 0
+
+
+def _note_failure(what: str, *, echo: bool = True) -> None:
+    """``slurmddp: rank R (host H) <what>`` on stderr (this rank's log), and appended to
+    $SLURMDDP_FAILURE_FILE where the batch script gave one: its first line is the first rank
+    that failed."""
+    dist = current()
+    line = f"slurmddp: rank {dist.rank if dist else '?'} (host {startup.host_name()}) {what}"
+    if echo:
+        print(line, file=sys.stderr, flush=True)
+    path = os.environ.get(FAILURE_FILE_VARIABLE)
+    if path:
+        with contextlib.suppress(OSError):  # the report must not hide the failure itself
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode("utf-8", "replace"))  # one append: atomic
+            finally:
+                os.close(fd)
+
+
+def _prepare(argv: Sequence[str], prog: str) -> tuple[str | None, list[str]]:
+    """Parse the runner's options, resolve and export this rank; (module, script argv)."""
     parser = build_parser(prog)
     own, rest = split_argv(argv)
     opts = parser.parse_args(own)
@@ -91,6 +140,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         fail(f"cannot resolve this rank: {e}", prog=prog)
     # Before the script runs: the stop signal must set the flag, not end the rank.
     preemption.install()
+    # A script's own init_process_group() gets the bounded, explained rendezvous too.
+    startup.install_hook()
     if opts.print_env:
         for name, value, source in dist.rows():
             print(f"{name:>16} = {value:<20} ({source})", file=sys.stderr)
@@ -98,12 +149,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         from slurmddp.output import prefix_output
 
         prefix_output(dist.rank, dist.world_size)
-
-    try:
-        _execute(opts.module, rest)
-    except SystemExit as e:
-        return e.code
-    return 0
+    return opts.module, rest
 
 
 def _execute(module: str | None, rest: list[str]) -> None:

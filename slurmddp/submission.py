@@ -21,8 +21,11 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from slurmddp import jobs
-from slurmddp.jobspec import JobSpec
+from slurmddp.jobspec import JobSpec, SpecError
 from slurmddp.sbatch import render_script
+
+# Like checkpoint directories: never world-writable, whatever the umask.
+_DIR_MODE = 0o775
 
 
 class SubmissionError(RuntimeError):
@@ -49,14 +52,13 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
     The handle gives state, paths and cancel; it has no result: the job is a program, not a
     pickled function.
     """
-    folder = Path(spec.output_dir)
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)  # sbatch needs the batch log's directory
+    created = _make_output_dir(Path(spec.output_dir))  # sbatch needs the batch log's directory
     try:
         job = _submit_local(spec, signal_after) if local else _submit_slurm(spec)
     except SubmissionError:
-        if created and not any(folder.iterdir()):
-            folder.rmdir()
+        for path in created:  # deepest first
+            with contextlib.suppress(OSError):  # not empty: something else wrote there
+                path.rmdir()
         raise
     jobs.remember(
         jobs.JobRecord(
@@ -70,6 +72,28 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
         )
     )
     return job
+
+
+def _make_output_dir(folder: Path) -> list[Path]:
+    """mkdir -p `folder`, never world-writable (the umask applies on top); the directories
+    created, deepest first. Raises SpecError when it is not a directory this user may write."""
+    created = []
+    path = folder
+    while not os.path.lexists(path):
+        created.append(path)
+        path = path.parent
+    hint = "give --output a directory you may write to"
+    try:
+        for path in reversed(created):
+            os.mkdir(path, _DIR_MODE)
+    except OSError as e:
+        raise SpecError(f"output directory {str(folder)!r} cannot be created: {e.strerror}; "
+                        f"{hint}") from None  # fmt: skip
+    if not folder.is_dir():
+        raise SpecError(f"output directory {str(folder)!r} is not a directory: {hint}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError(f"output directory {str(folder)!r} is not writable: {hint}")
+    return created
 
 
 def _submit_slurm(spec: JobSpec):
@@ -88,7 +112,12 @@ def _submit_slurm(spec: JobSpec):
             leftover.unlink()  # nothing half-done: no script of a job that does not exist
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
         # sbatch's last line is its verdict ("Batch job submission failed: ...").
-        raise SubmissionError(f"sbatch refused the job: {lines[-1] if lines else e}") from None
+        verdict = lines[-1] if lines else str(e)
+        if jobs.unreachable(verdict):
+            said = verdict.rsplit("failed: ", 1)[-1]
+            raise SubmissionError(jobs.controller_unreachable(
+                f"sbatch says {said!r}, nothing was submitted")) from None  # fmt: skip
+        raise SubmissionError(f"sbatch refused the job: {verdict}") from None
 
 
 def _submit_local(spec: JobSpec, signal_after: Sequence[float]):

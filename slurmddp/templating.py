@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import traceback
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 import jinja2.sandbox
+
+from slurmddp.errors import UserError
 
 TEMPLATE_PACKAGE = "slurmddp.templates"
 
@@ -41,21 +44,39 @@ def render(name: str, **context: object) -> str:
     return environment().get_template(name).render(**context)
 
 
-class TemplateError(ValueError):
+class TemplateError(UserError, ValueError):
     """A user template cannot be read or rendered; the message names the file and the fault."""
 
 
 def render_file(path: Path, **context: object) -> str:
     """Render a user's template file, sandboxed, with the same filters as the shipped ones."""
+    where = repr(str(path))
     try:
-        text = path.read_text(encoding="utf-8")
-        return environment().from_string(text).render(**context)
+        template = environment().from_string(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise TemplateError(f"template {str(path)!r} cannot be read: {e.strerror}") from None
+        raise TemplateError(f"template {where} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise TemplateError(f"template {where} cannot be read: it is not UTF-8 text ({e.reason} "
+                            f"at byte {e.start})") from None  # fmt: skip
     except jinja2.TemplateSyntaxError as e:
-        raise TemplateError(f"template {str(path)!r} line {e.lineno}: {e.message}") from None
-    except (jinja2.UndefinedError, jinja2.sandbox.SecurityError) as e:
-        raise TemplateError(f"template {str(path)!r}: {e}") from None
+        raise TemplateError(f"template {where} line {e.lineno}: {e.message}") from None
+    try:
+        return template.render(**context)
+    except Exception as e:  # an undefined name, the sandbox, a failing filter or expression
+        line = _template_line(e)
+        if isinstance(e, jinja2.UndefinedError):
+            what = f"{e}; its variables are {', '.join(sorted(context))}"
+        elif isinstance(e, jinja2.sandbox.SecurityError):
+            what = f"{e} (templates are sandboxed: use the variables and filters only)"
+        else:
+            what = f"{type(e).__name__}: {e}"
+        raise TemplateError(f"template {where}{f' line {line}' if line else ''}: {what}") from None
+
+
+def _template_line(e: BaseException) -> int | None:
+    """The line of the template being rendered where `e` was raised (Jinja maps its frames)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == "<template>"]
+    return frames[-1].lineno if frames else None
 
 
 def shell_quote(value: object) -> str:

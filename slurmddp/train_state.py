@@ -87,7 +87,8 @@ def restore(
 ) -> dict:
     """Load each component given from `state`; returns ``{"step", "epoch", "position", **extra}``.
 
-    Raises CheckpointError when a component is given but `state` has none for it.
+    Raises CheckpointError when a component is given but `state` has none for it, or one that
+    does not fit it; the model's keys and shapes are compared before any of it is loaded.
     """
 
     def part(name: str) -> Any:
@@ -98,17 +99,22 @@ def restore(
         return state[name]
 
     if model is not None:
-        unwrap(model).load_state_dict(part("model"))
+        module = unwrap(model)
+        # Checked first: load_state_dict copies what fits before it complains about the rest.
+        problem = _mismatch(module.state_dict(), part("model"))
+        if problem:
+            raise _misfit("model", problem)
+        _load("model", module, part("model"))
     if optimizer is not None:
-        optimizer.load_state_dict(part("optimizer"))
+        _load("optimizer", optimizer, part("optimizer"))
     if scheduler is not None:
-        scheduler.load_state_dict(part("scheduler"))
+        _load("scheduler", scheduler, part("scheduler"))
     if scaler is not None:
         saved = part("scaler")
         if saved:  # a disabled scaler saves {}, and refuses to load it
-            scaler.load_state_dict(saved)
+            _load("scaler", scaler, saved)
     if sampler is not None:
-        sampler.load_state_dict(part("sampler"))
+        _load("sampler", sampler, part("sampler"))
     if rng and "rng" in state:
         saved = state["rng"]
         if isinstance(saved, list):  # one per rank
@@ -117,6 +123,48 @@ def restore(
         restore_rng(saved)
     counters = {k: state.get(k, 0) for k in ("step", "epoch", "position")}
     return counters | dict(state.get("extra", {}))
+
+
+def _load(name: str, component: Any, saved: Any) -> None:
+    try:
+        component.load_state_dict(saved)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise _misfit(name, " ".join(str(e).split()) or type(e).__name__) from e
+
+
+def _misfit(name: str, problem: str) -> CheckpointError:
+    return CheckpointError(
+        f"the checkpoint's {name} state does not fit this {name}: {problem}; was it saved by "
+        f"another model or configuration? resume with the one it was saved by, or start afresh "
+        "with another checkpoint directory"
+    )
+
+
+def _mismatch(expected: Mapping, saved: Any) -> str | None:
+    """Which keys and shapes of a model's `saved` state differ from its `expected` one, or None."""
+    if not isinstance(saved, Mapping):
+        return f"it holds a {type(saved).__name__}, not a state dict"
+    shapes = [
+        f"{k!r} (checkpoint {list(saved[k].shape)}, model {list(v.shape)})"
+        for k, v in expected.items()
+        if k in saved and isinstance(v, torch.Tensor) and isinstance(saved[k], torch.Tensor)
+        and saved[k].shape != v.shape
+    ]  # fmt: skip
+    parts = [
+        (what, names)
+        for what, names in (
+            ("missing keys", [repr(k) for k in expected if k not in saved]),
+            ("unexpected keys", [repr(k) for k in saved if k not in expected]),
+            ("shapes differ for", shapes),
+        )
+        if names
+    ]
+    return "; ".join(f"{what} {_some(names)}" for what, names in parts) or None
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def unwrap(model: Any) -> Any:

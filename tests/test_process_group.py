@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 from tests.conftest import launcher_free_env
 
@@ -98,3 +99,95 @@ def test_doctor_bad_environment_is_one_line():
         "slurmddp doctor: error: cannot resolve this rank: RANK is set but WORLD_SIZE is not: "
         "set both or neither"
     )
+
+
+# --- a bounded start-up (issue 7) ---------------------------------------------------------------
+
+START = """
+    import time, slurmddp, slurmddp.startup
+    t = time.monotonic()
+    try:
+        slurmddp.init("gloo")
+    except slurmddp.startup.StartupError as e:
+        print(f"{time.monotonic() - t:.1f} {e}")
+    """
+
+
+def start_ranks(code: str, ranks: list[int], world: int, port: int, **env: str) -> list[str]:
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
+                                                    MASTER_ADDR="127.0.0.1",
+                                                    MASTER_PORT=str(port), **env))
+             for r in ranks]  # fmt: skip
+    return [p.communicate(timeout=120)[0].strip() for p in procs]
+
+
+def test_a_rank_that_never_joins_is_named_after_the_startup_timeout():
+    port = free_port()
+    # Rank 2 of 3 never comes; rank 1 waits on rank 0's store, rank 0 on both.
+    outs = start_ranks(START, [0, 1], 3, port, SLURMDDP_STARTUP_TIMEOUT="3")
+    first = outs[0]
+    took = float(first.split()[0])
+    assert 3 <= took < 10, outs
+    assert first.split(" ", 1)[1].startswith(
+        f"only 2 of 3 ranks joined the rendezvous at 127.0.0.1:{port} within 3 s "
+        "(SLURMDDP_STARTUP_TIMEOUT); missing: rank 2."
+    ), outs
+
+
+def test_a_taken_port_fails_rank_0_at_once_naming_the_port():
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        (out,) = start_ranks(START, [0], 2, port)
+    took, message = out.split(" ", 1)
+    assert float(took) < 5, out
+    assert message.startswith(f"rank 0 cannot open the rendezvous: port {port} (MASTER_PORT) on ")
+    assert "is already in use by another process" in message, out
+
+
+def test_a_plain_init_process_group_under_the_runner_is_bounded_too(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("import torch.distributed as td\ntd.init_process_group('gloo')\n")
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "slurmddp.run", str(script)],
+                       env=launcher_free_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                             MASTER_PORT=str(port), SLURMDDP_STARTUP_TIMEOUT="2"),
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 1
+    assert ("failed: StartupError: only 1 of 2 ranks joined the rendezvous at "
+            f"127.0.0.1:{port} within 2 s") in r.stderr, r.stderr  # fmt: skip
+    assert "Traceback" not in r.stderr  # the message says it all
+
+
+def test_a_bad_startup_timeout_is_one_line():
+    r = run_python("import slurmddp; slurmddp.init('gloo')", SLURMDDP_STARTUP_TIMEOUT="soon",
+                   MASTER_PORT=str(free_port()))  # fmt: skip
+    assert "SLURMDDP_STARTUP_TIMEOUT='soon' is not a number of seconds above 0" in r.stderr
+
+
+def test_a_rank_that_reaches_another_jobs_rendezvous_refuses_it():
+    # Job 11's rank 0 serves the port; job 12's rank 1 (derived ports collide) reaches it.
+    port = free_port()
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(START)], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=launcher_free_env(RANK="0", WORLD_SIZE="2", SLURM_JOB_ID="11",
+                                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                                   SLURMDDP_STARTUP_TIMEOUT="20"))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until job 11's store listens
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        (out,) = start_ranks(START, [1], 2, port, SLURM_JOB_ID="12")
+    finally:
+        owner.kill()
+        owner.communicate()
+    took, message = out.split(" ", 1)
+    assert float(took) < 5, out
+    assert message.startswith(f"the rendezvous at 127.0.0.1:{port} belongs to another job (11): "
+                              "this job's MASTER_PORT is taken there"), out  # fmt: skip

@@ -98,20 +98,7 @@ def test_exit_status_is_the_scripts(tmp_path, body, status):
         assert "ValueError: boom" in r.stderr  # the user's own traceback is kept
 
 
-def test_missing_script_is_a_one_line_error(tmp_path):
-    r = run([str(tmp_path / "nope.py")], clean_env())
-    assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0
-    assert "nope.py" in r.stderr and "not found" in r.stderr
-    assert "Traceback" not in r.stderr
-
-
-def test_inconsistent_environment_is_a_one_line_error(show):
-    r = run([str(show)], clean_env(RANK="4", WORLD_SIZE="4"))
-    assert r.returncode == 2
-    assert r.stderr.strip() == (
-        "python -m slurmddp.run: error: cannot resolve this rank: RANK=4 is not below WORLD_SIZE=4"
-    )
+# Bad input (a missing script, contradicting variables): tests/test_bad_input.py.
 
 
 def test_tag_output_prefixes_each_line(tmp_path):
@@ -176,3 +163,35 @@ def test_a_torch_distributed_script_runs_atexit_and_flushes_before_its_fast_exit
     r = run([str(p)], clean_env())
     assert r.returncode == 4
     assert r.stdout == "no newline, still flushedatexit ran\n"
+
+
+# --- a failing rank names itself (issue 7) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "line"),
+    [
+        ("raise ValueError('boom\\nsecond line')", 1, "failed: ValueError: boom second line"),
+        ("raise SystemExit(3)", 3, "exited with status 3"),
+        ("raise SystemExit('gave up')", 1, "exited with status 1"),
+        ("raise SystemExit(75)", 75, None),  # stopped for good after a checkpoint: not a failure
+        ("raise SystemExit(0)", 0, None),
+    ],
+)  # fmt: skip
+def test_a_failing_script_names_its_rank_and_node_first(tmp_path, body, status, line):
+    p = tmp_path / "s.py"
+    p.write_text(body + "\n")
+    failures = tmp_path / "failures"
+    # srun_env sets SLURMD_NODENAME=a2 for rank 3: the node's name as Slurm knows it.
+    env = clean_env(**srun_env(3, [2, 2], nodes=["a1", "a2"]),
+                    SLURMDDP_FAILURE_FILE=str(failures))  # fmt: skip
+    r = run([str(p)], env)
+    assert r.returncode == status, r.stderr
+    if line is None:
+        assert "slurmddp: rank" not in r.stderr and not failures.exists()
+        return
+    said = f"slurmddp: rank 3 (host a2) {line}"
+    assert said in r.stderr.splitlines(), r.stderr
+    assert failures.read_text() == said + "\n"  # the batch script's summary reads it
+    if status == 1 and "ValueError" in line:  # then the traceback, as Python prints it
+        assert r.stderr.index(said) < r.stderr.index("Traceback (most recent call last)")

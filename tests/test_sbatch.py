@@ -390,6 +390,64 @@ def test_a_failed_step_is_not_requeued_and_keeps_its_status(tmp_path):
     assert not (out / "7" / "done").exists()
 
 
+# A step that fails as srun reports it: srun's own line on the batch shell's stderr, the ranks'
+# reports in the failures file (slurmddp.run).
+FAILING_STEP = """#!/bin/bash
+echo "srun: error: $FIRST" >&2
+echo "srun: error: n1: task 0: Exited with exit code 1" >&2
+if [[ -n $REPORT ]]; then echo "slurmddp: $REPORT" >> "$SLURMDDP_FAILURE_FILE"; fi
+echo "slurmddp: rank 0 (host n1) failed: RuntimeError: Connection closed by peer" \\
+    >> "$SLURMDDP_FAILURE_FILE"
+exit "$STATUS"
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "report", "status", "says"),
+    [
+        ("n2: tasks 2-3: Exited with exit code 1", "rank 2 (host n2) failed: RuntimeError: boom", 1,
+         ["the step failed with status 1; the first to end, as srun saw it: tasks 2-3 on n2 "
+          "(Exited with exit code 1)",
+          "the first failure a rank reported: rank 2 (host n2) failed: RuntimeError: boom"]),
+        ("n2: task 2: Killed", "", 137,
+         ["the step failed with status 137; the first to end, as srun saw it: task 2 on n2 "
+          "(Killed)",
+          "task 2 on n2 was ended by a signal and could not report; failures after it followed "
+          "from losing it"]),
+    ],
+)  # fmt: skip
+def test_a_failed_step_is_summarised_naming_the_rank_and_node(tmp_path, first, report, status,
+                                                             says):  # fmt: skip
+    step = tmp_path / "step"
+    step.write_text(FAILING_STEP)
+    step.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text(FAKE_SRUN)
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    out = tmp_path / "out"
+    (out / "7").mkdir(parents=True)
+    (out / "7" / "failures").write_text("slurmddp: rank 9 (host n9) failed: an earlier run's\n")
+    log = tmp_path / "7.batch.log"  # as sbatch --output gives it, appended to by each run
+    log.write_text("srun: error: n9: task 9: Exited with exit code 9\n")
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(dataclasses.replace(BASE, output_dir=str(out),
+                                                        python=str(step))))  # fmt: skip
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n[1-2]", "SRUN_RECORD": str(tmp_path / "srun.argv"),
+           "FIRST": first, "REPORT": report, "STATUS": str(status)}  # fmt: skip
+    with log.open("a") as f:
+        r = subprocess.run(["bash", str(script)], env=env, stdout=f, stderr=subprocess.STDOUT,
+                           timeout=30)  # fmt: skip
+    assert r.returncode == status
+    text = log.read_text()
+    summary = [line.removeprefix("slurmddp: ") for line in text.splitlines()
+               if line.startswith("slurmddp: ") and "job 7" not in line]  # fmt: skip
+    if not report:  # nothing from the killed rank: the first report is of losing it
+        says = [says[0], "the first failure a rank reported: rank 0 (host n1) failed: "
+                "RuntimeError: Connection closed by peer", says[1]]  # fmt: skip
+    assert summary == says, text
+
+
 def run_decision(tmp_path: Path, env: dict[str, str]):
     """Run the rendered script with stand-in srun, scontrol and squeue; (result, out, calls)."""
     bin_dir = tmp_path / "bin"

@@ -23,6 +23,8 @@ export SLURMDDP_MAX_REQUEUES=3
 job_dir=/scratch/runs/"$SLURM_JOB_ID"
 export SLURMDDP_REQUEUE_FILE="$job_dir/requeue"
 export SLURMDDP_DONE_FILE="$job_dir/done"
+# A rank that fails appends one line naming itself, its node and its error (slurmddp.run).
+export SLURMDDP_FAILURE_FILE="$job_dir/failures"
 restart=${SLURM_RESTART_COUNT:-0}
 
 echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"
@@ -33,6 +35,12 @@ if [[ -e $SLURMDDP_DONE_FILE ]]; then
     exit 0
 fi
 rm -f -- "$SLURMDDP_REQUEUE_FILE"  # a stale one from a run killed before its decision
+rm -f -- "$SLURMDDP_FAILURE_FILE"  # an earlier run's
+
+# srun's own messages land in this shell's log (appended to across runs): where this run's begin.
+batch_log=$(readlink -- "/proc/$$/fd/1" 2>/dev/null) || batch_log=
+log_start=0
+if [[ -f $batch_log ]]; then log_start=$(stat -c %s -- "$batch_log" 2>/dev/null || echo 0); fi
 
 # The step runs in the background so that this shell takes signals while it waits (bash runs a
 # trap only between commands). srun passes USR2 on to every task. TERM is only noted: Slurm
@@ -69,12 +77,35 @@ while ((interrupted)); do
     ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
 done
 
+# Which rank failed: srun names the task and node it saw end first (tasks of one node that end
+# together share a line); a rank that raised or exited non-zero appended its own line first.
+summarise_failure() {
+    local seen= first
+    if [[ -f $batch_log ]]; then
+        seen=$(tail -c +"$((log_start + 1))" -- "$batch_log" | grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9,-]+: ')
+    fi
+    first=$(head -n 1 -- "$SLURMDDP_FAILURE_FILE" 2>/dev/null)
+    if [[ $seen =~ ^srun:\ error:\ ([^ ]+):\ (tasks?\ [0-9,-]+):\ (.*)$ ]]; then
+        echo "slurmddp: the step failed with status $status; the first to end, as srun saw it: ${BASH_REMATCH[2]} on ${BASH_REMATCH[1]} (${BASH_REMATCH[3]})" >&2
+    else
+        echo "slurmddp: the step failed with status $status" >&2
+    fi
+    if [[ -n $first ]]; then
+        echo "slurmddp: the first failure a rank reported: ${first#slurmddp: }" >&2
+    fi
+    if [[ -n $seen && $seen != *"Exited with exit code"* ]]; then
+        echo "slurmddp: ${BASH_REMATCH[2]} on ${BASH_REMATCH[1]} was ended by a signal and could not report; failures after it followed from losing it" >&2
+    fi
+}
+
 # ---- requeue decision --------------------------------------------------------------------------
 if [[ ! -e $SLURMDDP_REQUEUE_FILE ]]; then
     if ((status == 0)); then
         : >"$SLURMDDP_DONE_FILE"  # finished: a requeue racing this exit must not run it again
     elif [[ -n $received ]]; then
         echo "slurmddp: the step ended with status $status after $received; no rank asked for a requeue" >&2
+    else
+        summarise_failure
     fi
     exit "$status"
 fi

@@ -1,0 +1,256 @@
+"""Start-up of the process group: a bounded rendezvous that says who is missing.
+
+torch's ``env://`` rendezvous waits as long as the collective timeout (30 minutes by default) for
+a rank that never arrives, then fails with a message about store keys. Here the rendezvous is
+bounded by its own start-up timeout (``$SLURMDDP_STARTUP_TIMEOUT``, default 300 s, counted from
+this rank's arrival) and its failures are one clear `StartupError`:
+
+- fewer ranks than the world size arrived in time: how many, which ones, and the timeout;
+- rank 0 cannot listen on MASTER_PORT: the port is taken on its host (it fails at once, and
+  ``srun --kill-on-bad-exit`` ends the other ranks);
+- rank 0's rendezvous does not answer in time: where it was looked for.
+
+`slurmddp.init` uses it; under ``python -m slurmddp.run`` a script's own
+``torch.distributed.init_process_group()`` (``env://``, the default) gets it too: the runner
+replaces torch's ``env://`` handler when torch is imported (`install_hook`). Once every rank has
+arrived, the store takes the process group's timeout again, as torch's own handler leaves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.abc
+import importlib.machinery
+import os
+import socket
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+from urllib.parse import parse_qsl, urlparse
+
+from slurmddp.errors import UserError
+
+TIMEOUT_VARIABLE = "SLURMDDP_STARTUP_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+_RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
+_PATCHED = "_slurmddp_startup"  # marks our handler, so that patching twice is harmless
+
+_override_s: float | None = None  # `slurmddp.init(startup_timeout=...)`, for its one call
+_generation = 0  # each rendezvous of this process joins under its own keys
+
+
+class StartupError(RuntimeError):
+    """The process group could not start; the message says why and what to do."""
+
+
+def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds a rank waits at the rendezvous for all others: $SLURMDDP_STARTUP_TIMEOUT or 300."""
+    if _override_s is not None:
+        return _override_s
+    text = environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise UserError(f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds above 0")
+    return value
+
+
+@contextlib.contextmanager
+def limited(seconds: float | None) -> Iterator[None]:
+    """Within the block, `startup_timeout` is `seconds` (None: as the environment says)."""
+    global _override_s
+    _override_s = seconds
+    try:
+        yield
+    finally:
+        _override_s = None
+
+
+def host_name() -> str:
+    """This node's name as Slurm calls it (several slurmd may share one host), else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return shown + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
+
+
+def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str) -> None:
+    """Wait until all `world_size` ranks have joined through `store`, or raise `StartupError`.
+
+    One counter and one "all here" key: each rank waits on a single key whatever the world size.
+    """
+    global _generation
+    _generation += 1
+    prefix = f"slurmddp/startup/{_generation}/"
+    limit = datetime.timedelta(seconds=timeout_s)
+    try:
+        _check_owner(store, rank, limit, where)
+        store.set(f"{prefix}{rank}", host_name())  # only read to name the missing ranks
+        if store.add(f"{prefix}count", 1) == world_size:
+            store.set(f"{prefix}all", "1")
+        store.wait([f"{prefix}all"], limit)
+        return
+    except RuntimeError as e:  # torch's DistError (a timeout) or a lost connection
+        if isinstance(e, StartupError):
+            raise
+        try:
+            joined = store.add(f"{prefix}count", 0)
+            # Only rank 0 (in its own process) names the missing: N checks from every rank would
+            # be N² requests to the store exactly when start-up is failing.
+            missing = (
+                [r for r in range(world_size) if not store.check([f"{prefix}{r}"])]
+                if rank == 0
+                else None
+            )
+        except RuntimeError:
+            raise StartupError(
+                f"rank 0's rendezvous at {where} went away while rank {rank} waited for the "
+                "others: rank 0 has failed (see its log)"
+            ) from e
+    who = f"missing: rank {_ranks(missing)}" if missing is not None else "rank 0's log names them"
+    raise StartupError(
+        f"only {joined} of {world_size} ranks joined the rendezvous at {where} within "
+        f"{timeout_s:g} s ({TIMEOUT_VARIABLE}); {who}. A rank is stuck before it starts the "
+        f"process group (see its log), or its node is slow: raise {TIMEOUT_VARIABLE} if start-up "
+        "takes longer"
+    )
+
+
+def _owner() -> str:
+    """Which job this rank belongs to: the same on all its ranks, "" outside Slurm and torchrun.
+
+    The job id only: mpirun's local ranks have no step id while its remote ones do.
+    """
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
+
+
+def _check_owner(store: Any, rank: int, limit: datetime.timedelta, where: str) -> None:
+    """Rank 0 marks the store with its job; the others refuse the store of another job.
+
+    Two jobs on one node whose derived ports collide: the second job's rank 0 cannot listen
+    (`open_store` says so), but its other ranks would reach the first job's store and join it.
+    """
+    key = "slurmddp/owner"
+    if rank == 0:
+        store.set(key, _owner())
+        return
+    store.wait([key], limit)
+    owner = store.get(key).decode("utf-8", "replace")
+    if owner != _owner():
+        raise StartupError(
+            f"the rendezvous at {where} belongs to another job ({owner or 'outside Slurm'}): "
+            "this job's MASTER_PORT is taken there; give it a free port below 32768 "
+            "(slurmddp submit --env MASTER_PORT=N)"
+        )
+
+
+def open_store(addr: str, port: int, rank: int, world_size: int, timeout_s: float,
+               use_libuv: bool) -> Any:  # fmt: skip
+    """torch's TCPStore as its ``env://`` handler opens it (rank 0 serves), errors explained.
+
+    Rank 0 does not wait for the others here (`join` does, naming who is missing).
+    """
+    from torch.distributed import TCPStore
+
+    try:
+        return TCPStore(addr, port, world_size, rank == 0, datetime.timedelta(seconds=timeout_s),
+                        wait_for_workers=False, multi_tenant=True,
+                        use_libuv=use_libuv)  # fmt: skip
+    except RuntimeError as e:
+        text = str(e)
+        if rank == 0 and ("EADDRINUSE" in text or "address already in use" in text.lower()):
+            raise StartupError(
+                f"rank 0 cannot open the rendezvous: port {port} (MASTER_PORT) on "
+                f"{host_name()} is already in use by another process. Give the job a free port "
+                "below 32768 (slurmddp submit --env MASTER_PORT=N), or see what holds it: "
+                f"ss -ltnp 'sport = :{port}'"
+            ) from e
+        if rank != 0 and "timed out" in text:
+            raise StartupError(
+                f"rank {rank} found no rendezvous at {addr}:{port} within {timeout_s:g} s "
+                f"({TIMEOUT_VARIABLE}): rank 0 is stuck before it starts the process group (see "
+                f"its log), or {addr} cannot be reached from {host_name()}"
+            ) from e
+        raise
+
+
+def _wrap(original: Any) -> Any:
+    def env_handler(url: str, timeout: datetime.timedelta | None = None,
+                    **kwargs: Any) -> Iterator[tuple[Any, int, int]]:  # fmt: skip
+        from torch.distributed.constants import default_pg_timeout
+
+        timeout = default_pg_timeout if timeout is None else timeout
+        limit = min(startup_timeout(), timeout.total_seconds())
+        query = dict(parse_qsl(urlparse(url).query))
+        try:
+            rank = int(query.get("rank") or os.environ["RANK"])
+            world_size = int(query.get("world_size") or os.environ["WORLD_SIZE"])
+            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        except (KeyError, ValueError):
+            rank = world_size = -1
+        if rank < 0 or world_size < 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torch's own: its errors for a missing variable; torchrun's agent hosting the store.
+            store, rank, world_size = next(original(url, timeout=timeout, **kwargs))
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        else:
+            libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
+            store = open_store(addr, port, rank, world_size, limit, libuv)
+            where = f"{addr}:{port}"
+        join(store, rank, world_size, limit, where)
+        store.set_timeout(timeout)
+        yield store, rank, world_size
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+    setattr(env_handler, _PATCHED, original)
+    return env_handler
+
+
+def patch(module: ModuleType | None = None) -> None:
+    """Replace torch's ``env://`` rendezvous handler with the bounded one (idempotent)."""
+    if module is None:
+        import torch.distributed  # noqa: F401  (loads the rendezvous module)
+
+        module = sys.modules[_RENDEZVOUS_MODULE]
+    handlers = module._rendezvous_handlers
+    original = handlers.get("env")
+    if original is not None and not hasattr(original, _PATCHED):
+        handlers["env"] = _wrap(original)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches torch's rendezvous module right after it is first executed."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _RENDEZVOUS_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            patch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_hook() -> None:
+    """Bound the rendezvous of any ``env://`` process group this process starts (the runner's).
+
+    torch is not imported here: the rendezvous module is patched when the script imports torch.
+    """
+    if _RENDEZVOUS_MODULE in sys.modules:
+        patch(sys.modules[_RENDEZVOUS_MODULE])
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())

@@ -1,0 +1,312 @@
+"""Failures on the real local cluster (issue 7): what breaks, how fast the job ends, what it says.
+
+| case                   | done to the job                        | expected                       |
+|------------------------|----------------------------------------|--------------------------------|
+| rank raises, exits 3,  | rank 2 of 2x2 ranks, at step 20        | all stop, FAILED within 30 s;  |
+| or is KILLed           |                                        | rank, node, error in the log   |
+| a rank never starts    | rank 3 sleeps before init (slurmddp.   | the others fail after 15 s:    |
+|                        | init, or torch's), start-up timeout 15 | 3 of 4 joined, the timeout     |
+| MASTER_PORT taken      | a socket holds it on the first node    | fails at once, names the port  |
+| two jobs on one node   | both groups up at once on n4           | different ports, both complete |
+| slurmd killed          | kill -9 of n2's slurmd under two jobs  | requeued or NODE_FAIL as each  |
+|                        | that checkpoint                        | asks; latest checkpoint loads  |
+| slurmctld down         | submit and status, then it comes back  | one line, non-zero, nothing    |
+|                        |                                        | queued; then submit works      |
+
+The jobs of one row run at once. Times are the issue's behaviour bounds, not benchmarks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json
+from tests.test_submit_cluster import slurmddp, submitted
+
+pytestmark = pytest.mark.cluster
+
+PROGRAM = str(ROOT / "tests" / "programs" / "failing_rank.py")
+TRAIN = str(ROOT / "examples" / "resumable_train.py")
+CLUSTER_DIR = Path(os.environ.get("SLURMDDP_CLUSTER_DIR", "/tmp/slurmddp-cluster"))
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+BOUND_S = 30  # "the job ends within 30 s"
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def submit(cluster, tmp_path: Path, *argv: str) -> dict:
+    r = slurmddp(cluster, "submit", "--json", *argv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return submitted(r)
+
+
+def accounting(cluster, job_id: str) -> dict[str, str]:
+    """sacct's line for the job's latest run: State, ExitCode, End (epoch seconds or "")."""
+    out = cluster.run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode,End", "-j", job_id])
+    lines = out.stdout.strip().splitlines()
+    if not lines:
+        return {}
+    state, code, end = lines[-1].split("|")
+    when = "" if end in ("", "Unknown") else str(datetime.datetime.fromisoformat(end).timestamp())
+    return {"State": state.split()[0], "ExitCode": code, "End": when}
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def finished(cluster, job_id: str, timeout: float = 180) -> dict[str, str]:
+    return wait_for(lambda: (a := accounting(cluster, job_id)).get("State") in FINAL and a,
+                    timeout, f"job {job_id} to end")  # fmt: skip
+
+
+def ended_at(job: dict, end: dict[str, str]) -> float:
+    """When the job ended: sacct's End has whole seconds; the batch shell's last line is finer."""
+    batch = Path(job["job_dir"]) / f"{job['job_id']}.batch.log"
+    return max(float(end["End"]), batch.stat().st_mtime)
+
+
+def logs(job: dict) -> tuple[str, dict[int, str]]:
+    """(the batch log, {rank: its log})."""
+    folder = Path(job["job_dir"])
+    ranks = {int(p.stem.split("-")[1]): p.read_text(errors="replace")
+             for p in (folder / job["job_id"]).glob("rank-*.log")}  # fmt: skip
+    return (folder / f"{job['job_id']}.batch.log").read_text(errors="replace"), ranks
+
+
+def events(rank_logs: dict[int, str], name: str) -> list[dict]:
+    return [e for text in rank_logs.values() for e in tagged_json(text, "EVENT ")
+            if e["event"] == name]  # fmt: skip
+
+
+# -- a rank fails mid-training -----------------------------------------------------------------
+
+# case: (FAIL_MODE, what the batch log must say, given the failing rank's host)
+RANK_FAILURES = {
+    "raise": ("raise", "the first failure a rank reported: rank 2 (host {host}) failed: "
+                       "RuntimeError: boom at step 20"),
+    "exit": ("exit", "the first failure a rank reported: rank 2 (host {host}) exited with "
+                     "status 3"),
+    "sigkill": ("kill", "the first to end, as srun saw it: task 2 on {host} (Killed)"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def failure_jobs(slurm_cluster, tmp_path_factory) -> dict[str, dict]:
+    """Every case of RANK_FAILURES submitted at once (2 nodes x 2 ranks each)."""
+    tmp = tmp_path_factory.mktemp("rank-failures")
+    return {case: submit(slurm_cluster, tmp, "--nodes", "2", "--ntasks-per-node", "2",
+                         "--job-name", f"fail-{case}", "--env", f"FAIL_MODE={mode}",
+                         "--env", "FAIL_RANK=2", PROGRAM)
+            for case, (mode, _) in RANK_FAILURES.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", RANK_FAILURES)
+def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, failure_jobs, case):
+    job = failure_jobs[case]
+    end = finished(slurm_cluster, job["job_id"])
+    batch, ranks = logs(job)
+    assert end["State"] == "FAILED" and end["ExitCode"] != "0:0", (end, batch)
+    (failing,) = events(ranks, "failing")
+    took = ended_at(job, end) - failing["time"]
+    print(f"{case}: job {job['job_id']} ended {took:.1f} s after rank 2 failed")
+    assert took < BOUND_S, batch
+    assert not events(ranks, "done"), "a rank went on after the failure"
+    assert RANK_FAILURES[case][1].format(host=failing["host"]) in batch, batch
+    if case == "raise":  # the rank's own log: the line, then the traceback
+        assert "slurmddp: rank 2 (host" in ranks[2] and "Traceback" in ranks[2], ranks[2]
+
+
+# -- a rank never reaches the rendezvous ---------------------------------------------------------
+
+STARTUP_TIMEOUT_S = 15
+STARTUP = {"slurmddp.init": "slurmddp", "init_process_group": "torch"}
+
+
+@pytest.fixture(scope="module")
+def startup_jobs(slurm_cluster, tmp_path_factory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("startup")
+    return {case: submit(slurm_cluster, tmp, "--nodes", "2", "--ntasks-per-node", "2",
+                         "--job-name", f"startup-{init}", "--env", "FAIL_MODE=sleep",
+                         "--env", "FAIL_RANK=3", "--env", f"INIT={init}", "--env",
+                         f"SLURMDDP_STARTUP_TIMEOUT={STARTUP_TIMEOUT_S}", PROGRAM)
+            for case, init in STARTUP.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", STARTUP)
+def test_a_rank_that_never_joins_fails_the_others_after_the_startup_timeout(
+    slurm_cluster, startup_jobs, case
+):
+    job = startup_jobs[case]
+    end = finished(slurm_cluster, job["job_id"])
+    batch, ranks = logs(job)
+    assert end["State"] == "FAILED", (end, batch)
+    # Each rank counts from its own arrival: the first to arrive gives up first.
+    arrived = min(e["time"] for e in events(ranks, "arrived"))
+    waited = ended_at(job, end) - arrived
+    print(f"{case}: job {job['job_id']} ended {waited:.1f} s after the first rank arrived")
+    assert STARTUP_TIMEOUT_S - 1 <= waited < STARTUP_TIMEOUT_S + 20, batch
+    assert "failed: StartupError: only 3 of 4 ranks joined the rendezvous at " in batch, batch
+    assert f" within {STARTUP_TIMEOUT_S} s (SLURMDDP_STARTUP_TIMEOUT); " in batch, batch
+    # Rank 0 alone asks the store who is missing (from every rank it would be N² requests).
+    assert "; missing: rank 3. " in ranks[0], ranks[0]
+
+
+# -- the master port -----------------------------------------------------------------------------
+
+
+def test_a_taken_master_port_fails_at_once_naming_the_port(slurm_cluster, tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", 0))  # every node of this cluster is this host
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
+                     "--env", f"MASTER_PORT={port}", PROGRAM)  # fmt: skip
+        end = finished(slurm_cluster, job["job_id"])
+    batch, ranks = logs(job)
+    assert end["State"] == "FAILED", (end, batch)
+    took = ended_at(job, end) - max(e["time"] for e in events(ranks, "arrived"))
+    print(f"port taken: job {job['job_id']} ended {took:.1f} s after the ranks arrived")
+    assert took < BOUND_S, batch
+    host = next(e["host"] for e in events(ranks, "arrived") if e["rank"] == 0)
+    assert (f"rank 0 (host {host}) failed: StartupError: rank 0 cannot open the rendezvous: "
+            f"port {port} (MASTER_PORT) on {host} is already in use") in batch, batch  # fmt: skip
+
+
+def test_two_jobs_sharing_a_node_get_different_ports(slurm_cluster, tmp_path):
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    jobs = [submit(slurm_cluster, tmp_path, "--nodes", "1", "--ntasks-per-node", "2",
+                   "--sbatch-arg=--nodelist=n4", "--env", f"MEET_DIR={meet}",
+                   "--env", "MEET_COUNT=2", PROGRAM) for _ in range(2)]  # fmt: skip
+    for job in jobs:
+        end = finished(slurm_cluster, job["job_id"])
+        assert end["State"] == "COMPLETED", (end, logs(job)[0])
+    ports = {j["job_id"]: events(logs(j)[1], "arrived")[0]["port"] for j in jobs}
+    assert len(set(ports.values())) == 2, ports
+    # Both process groups were up at once on n4: each rank 0 waited for the other job's.
+    assert sorted(p.name for p in meet.iterdir()) == sorted(ports), ports
+
+
+# -- a slurmd dies -------------------------------------------------------------------------------
+
+
+def slurmd_pid(node: str) -> int:
+    return int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text().strip())
+
+
+def node_state(cluster, node: str) -> str:
+    return cluster.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"]).stdout.split()[0]
+
+
+def job_fields(cluster, job_id: str) -> dict[str, str]:
+    out = cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout
+    return dict(x.split("=", 1) for x in out.split() if "=" in x)
+
+
+def latest_checkpoint(directory: Path) -> int | None:
+    """The step `load_latest` loads from `directory`, in a fresh process (a world of one)."""
+    code = ("import sys, slurmddp; c = slurmddp.Checkpointer(sys.argv[1]).load_latest(); "
+            "print(c.step if c else -1)")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True,
+                       text=True, timeout=120, env=launcher_free_env())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    step = int(r.stdout.split()[-1])
+    return None if step < 0 else step
+
+
+def submit_without_requeue(cluster, tmp_path: Path, argv: list[str]) -> str:
+    """A job whose spec says requeue=False (#SBATCH --no-requeue), through the Python API: the
+    command line always asks for --requeue (--max-requeues caps only the stop protocol's)."""
+    code = ("import sys; from slurmddp.jobspec import build_spec; from slurmddp import submit; "
+            "a = sys.argv[1:]; i = a.index('--'); "
+            "print(submit(build_spec(a[i + 1:], nodes=a[0], ntasks_per_node=int(a[1]), "
+            "sbatch_args=a[2:i], requeue=False)).job_id)")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60,
+                       env=cluster.env(XDG_STATE_HOME=str(tmp_path / "state")))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[-1]
+
+
+def test_a_dead_slurmd_requeues_or_ends_each_job_as_asked_and_the_checkpoint_survives(
+    slurm_cluster, tmp_path
+):
+    ckpt = {"requeue": tmp_path / "ckpt-requeue", "no-requeue": tmp_path / "ckpt-no-requeue"}
+    train = [TRAIN, "--steps", "5000", "--step-time", "0.05", "--save-every", "20",
+             "--checkpoint-dir"]  # fmt: skip
+    # Both on n1 (the batch host) and n2, one rank each: n2's slurmd dies under both.
+    jobs = {
+        "requeue": submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
+                          "--sbatch-arg=--nodelist=n1,n2", *train, str(ckpt["requeue"]))["job_id"],
+        "no-requeue": submit_without_requeue(slurm_cluster, tmp_path, [
+            "2", "1", "--nodelist=n1,n2", "--", *train, str(ckpt["no-requeue"])]),
+    }  # fmt: skip
+    wait_for(lambda: all((d / "latest").exists() for d in ckpt.values()), 120,
+             "a first checkpoint of both jobs")  # fmt: skip
+    os.kill(slurmd_pid("n2"), 9)
+    killed = time.time()
+    try:
+        # Slurm notices after SlurmdTimeout (60 s): n2 goes DOWN, both jobs fail with it, and
+        # the one that may be requeued is, at the same moment.
+        requeued = wait_for(
+            lambda: (f := job_fields(slurm_cluster, jobs["requeue"])).get("Restarts") == "1"
+            and f.get("JobState") == "PENDING" and f, 150, "the requeue")  # fmt: skip
+        print(f"slurmd killed: the job requeued {time.time() - killed:.0f} s later")
+        ended = wait_for(lambda: (f := job_fields(slurm_cluster, jobs["no-requeue"]))
+                         .get("JobState") not in ("RUNNING", "COMPLETING") and f, 30,
+                         "the other job to end")  # fmt: skip
+        assert (ended["JobState"], ended["Restarts"]) == ("NODE_FAIL", "0"), ended
+        assert requeued["Requeue"] == "1" and ended["Requeue"] == "0"
+        slurm_cluster.run(["scancel", jobs["requeue"]])  # resuming is the preemption tests' part
+        for directory in ckpt.values():
+            step = latest_checkpoint(directory)
+            assert step is not None and step >= 20, directory
+    finally:
+        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+    assert node_state(slurm_cluster, "n2") in ("idle", "mixed", "allocated"), "n2 not back"
+
+
+# -- slurmctld is down ---------------------------------------------------------------------------
+
+
+def test_with_slurmctld_down_submit_and_status_say_so_in_one_line(slurm_cluster, tmp_path):
+    job = submit(slurm_cluster, tmp_path, "--env", "FAIL_MODE=none", PROGRAM)
+    assert finished(slurm_cluster, job["job_id"])["State"] == "COMPLETED"
+    jobs_before = (tmp_path / "state" / "slurmddp" / "jobs.jsonl").read_text()
+    control = [str(CLUSTER_SCRIPT), "stop-controller"]
+    assert subprocess.run(control, capture_output=True, timeout=120).returncode == 0
+    try:
+        sub = slurmddp(slurm_cluster, "submit", PROGRAM, cwd=tmp_path)
+        status = slurmddp(slurm_cluster, "status", job["job_id"], cwd=tmp_path)
+    finally:
+        control[-1] = "start-controller"
+        started = subprocess.run(control, capture_output=True, text=True, timeout=300)
+        assert started.returncode == 0, started.stdout + started.stderr
+    for r in (sub, status):
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "cannot reach the Slurm controller (slurmctld): " in r.stderr, r.stderr
+        assert "check `scontrol ping` and try again" in r.stderr, r.stderr
+    assert "nothing was submitted" in sub.stderr
+    assert (tmp_path / "state" / "slurmddp" / "jobs.jsonl").read_text() == jobs_before
+    assert f"{job['job_id']}  COMPLETED" in status.stdout  # accounting's answer, marked stale
+    again = submit(slurm_cluster, tmp_path, "--env", "FAIL_MODE=none", PROGRAM)
+    assert finished(slurm_cluster, again["job_id"])["State"] == "COMPLETED"
