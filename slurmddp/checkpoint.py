@@ -916,7 +916,7 @@ def _link_copy(source: Path, target: Path) -> None:
         try:
             os.link(entry.path, target / entry.name)
         except OSError:  # no hard links on this filesystem
-            shutil.copyfile(entry.path, target / entry.name)
+            shutil.copy(entry.path, target / entry.name)  # with its mode, as a link would
             fd = os.open(target / entry.name, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 os.fsync(fd)

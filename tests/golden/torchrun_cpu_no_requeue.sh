@@ -28,7 +28,7 @@ export SLURMDDP_FAILURE_FILE="$job_dir/failures"
 restart=${SLURM_RESTART_COUNT:-0}
 
 echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"
-mkdir -p -- "$job_dir" || exit 1
+(umask o-w && mkdir -p -- "$job_dir") || exit 1  # never world-writable, whatever the umask
 if [[ -e $SLURMDDP_DONE_FILE ]]; then
     # Requeued after its work was done (preempted while exiting): nothing is left to run.
     echo "slurmddp: job $SLURM_JOB_ID finished its work in an earlier run: not run again"
