@@ -19,7 +19,7 @@ from benchmarks.table import dump, render
 BENCHMARKS = {
     "startup": lambda o: first_collective.run(o.repeats),
     "cli": lambda o: cli_latency.run(max(o.repeats, 5)),
-    "training": lambda o: training_overhead.run(300, o.repeats),
+    "training": lambda o: training_overhead.run(2000, o.repeats),
     "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),

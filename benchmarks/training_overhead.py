@@ -2,7 +2,7 @@
 gloo) under ``python -m slurmddp.run`` calling ``should_stop()`` every step, against the same
 loop started with env:// by hand and no check.
 
-    python -m benchmarks.training_overhead [--steps 300] [--repeats 5]
+    python -m benchmarks.training_overhead [--steps 2000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _steps_per_second(command: list[str]) -> float:
     return float(outs[0].split("STEPS_PER_S ", 1)[1])
 
 
-def run(steps: int = 300, repeats: int = 5) -> list[Row]:
+def run(steps: int = 2000, repeats: int = 5) -> list[Row]:
     n = str(steps)
     medians = alternate(
         {
@@ -58,7 +58,7 @@ def run(steps: int = 300, repeats: int = 5) -> list[Row]:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.training_overhead")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
