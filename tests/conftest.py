@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,14 @@ def slurm_cluster() -> Cluster:
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+def wait_until(predicate, timeout: float, what: str | Callable[[], str], interval: float = 0.5):
+    """predicate()'s first true value; fails naming `what` (or `what()`) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what() if callable(what) else what}")

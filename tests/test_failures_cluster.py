@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json
+from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json, wait_until
 from tests.test_submit_cluster import slurmddp, submitted
 
 pytestmark = pytest.mark.cluster
@@ -60,18 +60,8 @@ def accounting(cluster, job_id: str) -> dict[str, str]:
     return {"State": state.split()[0], "ExitCode": code, "End": when}
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def finished(cluster, job_id: str, timeout: float = 180) -> dict[str, str]:
-    return wait_for(lambda: (a := accounting(cluster, job_id)).get("State") in FINAL and a,
+    return wait_until(lambda: (a := accounting(cluster, job_id)).get("State") in FINAL and a,
                     timeout, f"job {job_id} to end")  # fmt: skip
 
 
@@ -257,18 +247,18 @@ def test_a_dead_slurmd_requeues_or_ends_each_job_as_asked_and_the_checkpoint_sur
         "no-requeue": submit_without_requeue(slurm_cluster, tmp_path, [
             "2", "1", "--nodelist=n1,n2", "--", *train, str(ckpt["no-requeue"])]),
     }  # fmt: skip
-    wait_for(lambda: all((d / "latest").exists() for d in ckpt.values()), 120,
+    wait_until(lambda: all((d / "latest").exists() for d in ckpt.values()), 120,
              "a first checkpoint of both jobs")  # fmt: skip
     os.kill(slurmd_pid("n2"), 9)
     killed = time.time()
     try:
         # Slurm notices after SlurmdTimeout (60 s): n2 goes DOWN, both jobs fail with it, and
         # the one that may be requeued is, at the same moment.
-        requeued = wait_for(
+        requeued = wait_until(
             lambda: (f := job_fields(slurm_cluster, jobs["requeue"])).get("Restarts") == "1"
             and f.get("JobState") == "PENDING" and f, 150, "the requeue")  # fmt: skip
         print(f"slurmd killed: the job requeued {time.time() - killed:.0f} s later")
-        ended = wait_for(lambda: (f := job_fields(slurm_cluster, jobs["no-requeue"]))
+        ended = wait_until(lambda: (f := job_fields(slurm_cluster, jobs["no-requeue"]))
                          .get("JobState") not in ("RUNNING", "COMPLETING") and f, 30,
                          "the other job to end")  # fmt: skip
         assert (ended["JobState"], ended["Restarts"]) == ("NODE_FAIL", "0"), ended

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, tagged_json
+from tests.conftest import ROOT, tagged_json, wait_until
 from tests.test_submit_cluster import slurmddp, submitted
 
 pytestmark = pytest.mark.cluster
@@ -27,17 +27,6 @@ def job_fields(cluster, job_id: str) -> dict[str, str]:
     """scontrol's view of the job (kept MinJobAge=60 s after the end), {} once forgotten."""
     r = cluster.run(["scontrol", "show", "job", "-o", job_id])
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
-
-
-def wait_until(predicate, timeout: float, what, interval: float = 0.5):
-    """predicate()'s first true value; fails naming `what()` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what()}")
 
 
 def read(path: Path) -> str:
