@@ -15,3 +15,4 @@ dist.all_reduce(one)
 # One write call: ranks sharing a pipe (torchrun's workers) must not split each other's lines.
 os.write(1, f"FIRST_COLLECTIVE {time.time():.6f} {dist.get_rank()} {int(one.item())}\n".encode())
 dist.destroy_process_group()
+os._exit(0)  # gloo's teardown at interpreter exit can abort a finished rank
