@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from slurmddp import coordination
 from slurmddp.errors import UserError
 
 FORMAT = 2
@@ -197,7 +198,7 @@ class Checkpointer:
         return _step_of(name)
 
     def _raise_unless_agreed(self, error: BaseException | None, step: int) -> None:
-        if not _agree(error is None):
+        if not _agree(error is None, after_work=True):
             if error is not None:
                 raise error
             raise CheckpointError(
@@ -308,7 +309,7 @@ class Checkpointer:
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
         except (Exception, CheckpointException) as e:
             error = self._save_error(step, _dcp_cause(e))
-        if not _agree(error is None):
+        if not _agree(error is None, after_work=True):
             if _rank() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             if error is not None:
@@ -353,11 +354,17 @@ class Checkpointer:
         A checkpoint that is missing, truncated or corrupt is reported in one line on stderr and
         the next newest (by step) is tried. Raises CheckpointError when checkpoints exist but
         none is valid, or when a file holds anything but tensors and plain containers.
-        Replicated: any rank may call it; `into`, if given, is updated with the loaded state and
-        returned as the state. Sharded: collective; `into` is required (this rank's state dict,
-        e.g. from get_state_dict) and is loaded in place.
+        With a process group it is collective (every rank calls it, as every rank calls `save`):
+        an async save in flight is settled first, rank 0 chooses the checkpoint and every rank
+        loads that one, so no rank resumes from another step than the others.
+        Replicated: `into`, if given, is updated with the loaded state and returned as the
+        state. Sharded: `into` is required (this rank's state dict, e.g. from get_state_dict)
+        and is loaded in place.
         """
-        self._join_local()  # our own async save is on disk before we look; its error stays
+        if _group() is None:
+            self._join_local()  # our own async save is on disk before we look; its error stays
+        else:
+            self._settle()
         if self.sharded:
             return self._load_sharded(into)
 
@@ -382,7 +389,32 @@ class Checkpointer:
                 state = into
             return Checkpoint(step=_manifest_step(path, manifest), state=state, path=path), None
 
-        return self._first_valid(load, report=_rank() == 0, hashes=False)
+        if _group() is None:
+            return self._first_valid(load, report=True, hashes=False)
+        chosen, error = None, None
+        if _rank() == 0:
+            try:
+                chosen = self._first_valid(load, report=True, hashes=False)
+            except CheckpointError as e:
+                error = e
+        name = _broadcast_text("!" if error else chosen.path.name if chosen else "")
+        if name == "!":
+            raise error or CheckpointError(
+                f"rank 0 found no valid checkpoint in {self.directory}: see its error"
+            )
+        if _rank() != 0 and name:
+            path = self.directory / name
+            manifest, problem = _verify(path, self.verify, sharded=False, hashes=False)
+            if problem is None:
+                chosen, problem = load(path, manifest)
+            error = CheckpointError(f"cannot load checkpoint {path}, which rank 0 loaded: "
+                                    f"{problem}") if problem else None  # fmt: skip
+        if not _agree(error is None):
+            raise error or CheckpointError(
+                f"another rank could not load checkpoint {name} in {self.directory}: see its "
+                "error"
+            )
+        return chosen
 
     def _first_valid(self, load: Callable[[Path, dict | None], tuple[Any, str | None]], *,
                      report: bool, hashes: bool = True) -> Any:  # fmt: skip
@@ -1206,21 +1238,31 @@ def _collective_device(td: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _agree(ok: bool) -> bool:
-    """True when `ok` holds on every rank; also a barrier. Local without a process group."""
+def _agree(ok: bool, *, after_work: bool = False) -> bool:
+    """True when `ok` holds on every rank; also a barrier. Local without a process group.
+
+    `after_work`: some rank may arrive much later (rank 0 wrote the checkpoint): the others wait
+    for it at the rendezvous store first, so that no collective timeout bounds a write.
+    """
     td = _group()
     if td is None:
         return ok
+    if after_work:
+        coordination.wait_all()
     flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=_collective_device(td))
     td.all_reduce(flag, op=td.ReduceOp.MAX)
     return int(flag.item()) == 0
 
 
 def _broadcast_text(text: str, size: int = 256) -> str:
-    """Rank 0's `text` (a short name) on every rank, as a tensor: no pickles in collectives."""
+    """Rank 0's `text` (a short name) on every rank, as a tensor: no pickles in collectives.
+
+    Rank 0 may have worked long for it (reading, hashing): the others wait at the store first.
+    """
     td = _group()
     if td is None:
         return text
+    coordination.wait_all()
     data = text.encode()[:size] if td.get_rank() == 0 else b""
     buf = torch.zeros(size, dtype=torch.uint8)
     if data:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurmddp import hostlist, preemption
+from slurmddp import decision, hostlist, preemption, signals
 
 LOCAL_HOST = "localhost"
 
@@ -58,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--ntasks-per-node", type=int, required=True)
     p.add_argument("--folder", required=True)
-    p.add_argument("--signal", default=preemption.DEFAULT_SIGNAL)
-    p.add_argument("--max-requeues", type=int, default=preemption.DEFAULT_MAX_REQUEUES)
+    p.add_argument("--signal", default=signals.DEFAULT_SIGNAL)
+    p.add_argument("--max-requeues", type=int, default=decision.DEFAULT_MAX_REQUEUES)
     p.add_argument("--signal-after", type=float, action="append", default=[], metavar="S",
                    help="send the stop signal S seconds into the run; once per run, in order")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -79,14 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     restart = int(counter.read_text()) if counter.exists() else 0
     os.environ.update({
         "SLURM_RESTART_COUNT": str(restart),
-        preemption.SIGNAL_VAR: opts.signal,
-        preemption.MAX_REQUEUES_VAR: str(opts.max_requeues),
+        signals.SIGNAL_VAR: opts.signal,
+        decision.MAX_REQUEUES_VAR: str(opts.max_requeues),
         preemption.LOCAL_RESTART_FILE_VAR: str(counter),
     })  # fmt: skip
     if rank == 0:
         print(f"slurmddp: local job {job_id} (restart {restart})", file=sys.stderr, flush=True)
     if restart < len(opts.signal_after):
-        _signal_later(opts.signal_after[restart], preemption.stop_signal(os.environ))
+        _signal_later(opts.signal_after[restart], signals.stop_signal(os.environ))
 
     from slurmddp import jobs, run
 

@@ -39,7 +39,6 @@ DEFAULT_OUTPUT_DIR = "slurmddp-jobs"
 DEFAULT_MAX_REQUEUES = 3
 DEFAULT_SIGNAL = "USR2"
 DEFAULT_SIGNAL_LEAD = 120
-DEFAULT_RDZV_PORT = 29400
 # Slurm keeps the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD = 0xFFFF
 
@@ -134,7 +133,7 @@ class JobSpec:
     requeue: bool = True
     max_restarts: int = 0
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
-    rdzv_port: int = DEFAULT_RDZV_PORT
+    rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
 
     @property
     def nodes(self) -> str:
@@ -267,6 +266,13 @@ def validate(spec: JobSpec) -> None:
             f"signal_lead={spec.signal_lead} is not a lead time in seconds: "
             f"give 1 to {MAX_SIGNAL_LEAD}"
         )
+    limit_s = None if spec.time_minutes is None else spec.time_minutes * 60
+    if spec.requeue and limit_s is not None and spec.signal_lead >= limit_s:
+        raise SpecError(
+            f"signal_lead={spec.signal_lead} is not below the time limit of {spec.time_minutes} "
+            f"min ({limit_s} s): the warning would come as the job starts; give a "
+            "lead shorter than the time, or more time"
+        )
     _check_count("max_restarts", spec.max_restarts, 0)
     if spec.max_restarts and spec.launcher != "torchrun":
         raise SpecError(
@@ -276,7 +282,7 @@ def validate(spec: JobSpec) -> None:
     if not spec.python:
         raise SpecError("python='' names no interpreter: give the path of python on the nodes")
     _check_no_nul("python", spec.python)
-    if not 1 <= spec.rdzv_port <= 65535:
+    if spec.rdzv_port is not None and not 1 <= spec.rdzv_port <= 65535:
         raise SpecError(f"rdzv_port={spec.rdzv_port} is not a TCP port: give 1 to 65535")
 
 
@@ -415,7 +421,7 @@ def build_spec(
     requeue: bool = True,
     max_restarts: int = 0,
     python: str | None = None,
-    rdzv_port: int = DEFAULT_RDZV_PORT,
+    rdzv_port: int | None = None,
     cwd: str | None = None,
 ) -> JobSpec:
     """A validated `JobSpec` from option values as a CLI has them (text for nodes, time, env).

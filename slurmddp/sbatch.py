@@ -35,10 +35,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from slurmddp import templating
+from slurmddp import decision, preemption, signals, templating
 from slurmddp.jobspec import JobSpec, validate
+from slurmddp.run import FAILURE_FILE_VARIABLE
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
+# A signal srun gets in its first moments kills it or is dropped (docs/slurm-behaviour.md, Q6):
+# the batch shell passes the stop signal on no sooner than this many seconds after starting srun.
+SRUN_SETTLE_S = 2
+# The files in <output_dir>/<job id>/ through which the ranks and the batch shell talk, and the
+# variables that name them.
+STATE_FILES = (
+    (preemption.REQUEUE_FILE_VAR, "requeue"),  # rank 0: the ranks stopped and checkpointed
+    (preemption.DONE_FILE_VAR, "done"),  # rank 0: mark_done() reached
+    (preemption.ASKED_FILE_VAR, "asked"),  # rank 0: the script called should_stop()
+    (signals.STOP_FILE_VAR, "stop"),  # the shell: a stop signal came (for ranks still starting)
+    (FAILURE_FILE_VARIABLE, "failures"),  # every rank that fails: one line each
+)
 
 
 def render_script(spec: JobSpec, template: str = DEFAULT_TEMPLATE) -> str:
@@ -69,4 +82,8 @@ def context(spec: JobSpec) -> dict[str, object]:
         # them anyway: --kill-on-bad-exit ends the step when any node's torchrun fails.
         "fixed_nodes": spec.nodes_min == spec.nodes_max,
         "nproc_per_node": spec.ntasks_per_node,
+        "state_files": STATE_FILES,
+        "rank_prefix": signals.ignoring(spec.signal),
+        "not_requeued_status": decision.NOT_REQUEUED_STATUS,
+        "srun_settle_s": SRUN_SETTLE_S,
     }

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
+from slurmddp import coordination
 from slurmddp.errors import UserError
 
 TIMEOUT_VARIABLE = "SLURMDDP_STARTUP_TIMEOUT"
@@ -206,6 +207,7 @@ def _wrap(original: Any) -> Any:
             where = f"{addr}:{port}"
         join(store, rank, world_size, limit, where)
         store.set_timeout(timeout)
+        coordination.record(store, rank, world_size)
         yield store, rank, world_size
         raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 

@@ -19,8 +19,9 @@ gives each rank its own again; resumed at more ranks, the new ones take rank 0's
 
 DDP lays its gradient buckets out anew after the first backward of a process, and with more
 than two ranks the layout decides the order in which gloo and NCCL sum, so the last bits of every
-gradient. `prime_ddp` runs that first backward without touching the training state, so a
-resumed run reduces exactly as the uninterrupted one does.
+gradient. `restore` given the DDP model therefore has its next training forward first run that
+backward on the same inputs without touching the training state (`prime_ddp`), so a resumed run
+reduces exactly as the uninterrupted one does, with no call the user can forget.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def restore(
         if problem:
             raise _misfit("model", problem)
         _load("model", module, part("model"))
+        ddp = _ddp(model)
+        if ddp is not None:
+            prime_on_next_forward(ddp)
     if optimizer is not None:
         _load("optimizer", optimizer, part("optimizer"))
     if scheduler is not None:
@@ -220,18 +224,20 @@ def restore_rng(state: Mapping) -> None:
             torch.cuda.set_rng_state(saved[index], index)
 
 
-def prime_ddp(ddp: Any, *inputs: Any) -> None:
+def prime_ddp(ddp: Any, *inputs: Any, **kwargs: Any) -> None:
     """Run DDP's first backward on `inputs`, so its buckets take their lasting layout now.
 
-    Call it on every rank after building the DDP model, before training, fresh or resumed. The
-    forward runs in eval mode (no dropout draw, no batch-norm statistics), the gradients are
-    dropped and the RNG states put back: nothing the training sees changes.
+    `restore` arranges it by itself (`prime_on_next_forward`); calling it on every rank after
+    building the DDP model, fresh or resumed, does the same. The forward runs in eval mode (no
+    dropout draw, no batch-norm statistics), the gradients are dropped and the RNG states put
+    back: nothing the training sees changes.
     """
+    _mark_primed(ddp)
     rng = capture_rng()
     training = ddp.training
     ddp.eval()
     try:
-        out = ddp(*inputs)
+        out = ddp(*inputs, **kwargs)
         leaves = [t for t in _tensors(out) if t.requires_grad]
         sum(t.float().sum() for t in leaves).backward()
     finally:
@@ -239,6 +245,47 @@ def prime_ddp(ddp: Any, *inputs: Any) -> None:
         for p in ddp.parameters():
             p.grad = None
         restore_rng(rng)
+
+
+_PRIMED = "_slurmddp_primed"
+
+
+def _mark_primed(ddp: Any) -> None:
+    object.__setattr__(ddp, _PRIMED, True)
+
+
+def prime_on_next_forward(ddp: Any) -> None:
+    """Make the next forward of `ddp` that computes gradients run `prime_ddp` on its inputs first.
+
+    A resumed run's first backward would otherwise reduce with DDP's initial bucket layout where
+    the uninterrupted run, past its own first step, used the rebuilt one: with more than two
+    ranks the sums differ in their last bits. Every rank makes the same forwards, so every rank
+    primes at the same one (the backward is a collective). Harmless when already primed.
+    """
+    if getattr(ddp, _PRIMED, False):
+        return
+
+    def hook(module: Any, args: tuple, kwargs: dict) -> None:
+        if not torch.is_grad_enabled():
+            return  # an evaluation under no_grad: wait for the first training forward
+        handle.remove()
+        if not getattr(module, _PRIMED, False):
+            prime_ddp(module, *args, **kwargs)
+
+    handle = ddp.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _ddp(model: Any) -> Any:
+    """The DistributedDataParallel in `model`'s wrappers (torch.compile's included), or None."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            return model
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or inner is model:
+            return None
+        model = inner
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -299,4 +346,5 @@ def _numpy() -> Any:
     return numpy
 
 
-__all__ = ["capture", "capture_rng", "prime_ddp", "restore", "restore_rng", "unwrap"]
+__all__ = ["capture", "capture_rng", "prime_ddp", "prime_on_next_forward", "restore", "restore_rng",
+           "unwrap"]  # fmt: skip

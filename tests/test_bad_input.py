@@ -206,6 +206,8 @@ CASES = [
     submit("signal-unknown", "--signal", "FOO", "train.py", says=r"signal='FOO' is not a signal"),
     submit("signal-lead-zero", "--signal-lead", "0", "train.py", says=r"signal_lead=0 .*1 to"),
     submit("signal-lead-long", "--signal-lead", "70000", "train.py", says=r"signal_lead=70000"),
+    submit("signal-lead-over-time", "--time", "2", "--signal-lead", "150", "train.py",
+           says=r"signal_lead=150 is not below the time limit of 2 min \(120 s\)"),
     submit("requeues-negative", "--max-requeues", "-1", "train.py", says=r'--max-requeues = "-1"'),
     submit("launcher-unknown", "--launcher", "mpiexec", "train.py",
            says=r'--launcher = "mpiexec" must be one of srun, torchrun, mpirun'),

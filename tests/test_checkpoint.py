@@ -846,3 +846,90 @@ def test_two_ranks_sharded_plain_tensors_and_fsdp2(tmp_path):
                                 {"lr": 0.25, "tag": "x"}]  # fmt: skip
         assert out["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json"]
         assert out["fsdp"] == [1, True]
+
+
+SLURMDDP_PRELUDE = """
+import datetime, json, os, sys, time, warnings
+import torch, torch.distributed as td
+warnings.simplefilter("ignore")
+import slurmddp
+from slurmddp import checkpoint
+dist = slurmddp.init("gloo", timeout=float(os.environ.get("PG_TIMEOUT", "60")))
+rank = dist.rank
+D = os.environ["CKPT_DIR"]
+from slurmddp.checkpoint import Checkpointer
+
+def slow_on_rank_0(name, seconds):
+    # rank 0's part of a save or load takes `seconds` more, as on a slow file system
+    original = getattr(checkpoint, name)
+    def slow(*args, **kwargs):
+        if rank == 0:
+            time.sleep(seconds)
+        return original(*args, **kwargs)
+    setattr(checkpoint, name, slow)
+"""
+
+
+def run_slurmddp_ranks(code: str, directory: Path, world: int = 2, **env: str) -> list[dict]:
+    """`code` on `world` ranks started by slurmddp.init (so the rendezvous store is known)."""
+    port = str(free_port())
+    program = (SLURMDDP_PRELUDE + textwrap.dedent(code)
+               + "\nprint('RESULT', json.dumps(out), flush=True)\nos._exit(0)\n")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
+                                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                                    CKPT_DIR=str(directory), **env))
+             for r in range(world)]  # fmt: skip
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, outs
+    return [json.loads(o.split("RESULT ", 1)[1]) for o, _ in outs]
+
+
+def test_every_rank_loads_the_same_checkpoint_after_an_async_save(tmp_path):
+    results = run_slurmddp_ranks(
+        """
+        c = Checkpointer(D, async_save=True)
+        c.save(100, {"w": torch.full((2,), 100.0)})
+        c.wait()
+        slow_on_rank_0("_write_state", 1.0)  # step 200 is still being written...
+        c.save(200, {"w": torch.full((2,), 200.0)})
+        loaded = c.load_latest()  # ...when every rank looks for the latest
+        out = {"step": loaded.step, "w": loaded.state["w"].tolist()}
+        """,
+        tmp_path,
+    )
+    assert results == [{"step": 200, "w": [200.0, 200.0]}] * 2
+
+
+@pytest.mark.parametrize("what", ["sync", "async", "sharded", "load"])
+def test_a_save_or_load_longer_than_the_collective_timeout_completes(tmp_path, what):
+    # The process group's collectives time out after 2 s; rank 0's file system work takes 5 s
+    # more, while rank 1 waits for it.
+    code = {
+        "sync": """
+            slow_on_rank_0("_write_state", 5)
+            Checkpointer(D).save(1, {"w": torch.ones(2)})
+            out = {"latest": Checkpointer(D).latest_step}
+            """,
+        "async": """
+            slow_on_rank_0("_write_state", 5)
+            c = Checkpointer(D, async_save=True)
+            c.save(1, {"w": torch.ones(2)})
+            c.wait()
+            out = {"latest": c.latest_step}
+            """,
+        "sharded": """
+            slow_on_rank_0("_fsync_and_hash", 2.5)  # once per file: two files or more
+            c = Checkpointer(D, sharded=True)
+            c.save(1, {"w": torch.ones(2) * rank})
+            out = {"latest": c.latest_step}
+            """,
+        "load": """
+            Checkpointer(D).save(1, {"w": torch.ones(2)})
+            slow_on_rank_0("_load_state", 5)
+            out = {"latest": Checkpointer(D).load_latest().step}
+            """,
+    }[what]
+    results = run_slurmddp_ranks(code, tmp_path, PG_TIMEOUT="2")
+    assert results == [{"latest": 1}] * 2

@@ -56,8 +56,8 @@ def test_local_emulation_is_preempted_twice_and_ends_bitwise_identical(tmp_path)
     r, lines = local_train(tmp_path, "preempted", "--local-signal-after", "4,4", step_time=0.03)
     assert r.returncode == 0, r.stdout + r.stderr
     text = "\n".join(lines)
-    assert "stopped by USR2 at restart 0: requeued (1 of 3)" in text
-    assert "stopped by USR2 at restart 1: requeued (2 of 3)" in text
+    assert "stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in text
+    assert "stopped (signal, USR2) at restart 1 after its checkpoint: requeued (2 of 3)" in text
     stops = re.findall(r"stopped at step (\d+)", text)
     assert len(stops) == 2 and stops == re.findall(r"resumed from \S+ at step (\d+)", text)
     print(f"uninterrupted: {digests(ref_lines)}\npreempted x2:  {digests(lines)}")
@@ -70,7 +70,7 @@ def test_resume_at_another_world_size_continues_at_the_same_global_sample(tmp_pa
                            step_time=0.03)  # fmt: skip
     assert r.returncode == 75, r.stdout + r.stderr
     text = "\n".join(lines)
-    assert "the limit of 0 requeues is reached" in text
+    assert "the limit of 0 requeues (--max-requeues) is reached" in text
     epoch, sample = re.search(r"stopped at step \d+ \(epoch (\d+), sample (\d+)\)", text).groups()
     # The same checkpoint directory, now 2 ranks.
     r, lines = local_train(tmp_path, "w", nodes=1)

@@ -273,7 +273,7 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     assert r.returncode == 0, r.stdout + r.stderr
     job = json.loads(r.stdout.splitlines()[0])["job_id"]
     rank0 = "\n".join(p.read_text() for p in sorted((tmp_path / "logs").glob(f"{job}_0_log.*")))
-    assert "stopped by USR2 at restart 0: requeued (1 of 3)" in rank0
+    assert "stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in rank0
     stop = re.search(r"^stopped at step (\d+) \(epoch (\d+), sample (\d+)\)$", rank0, re.M)
     assert stop, rank0
     step, epoch, sample = stop.groups()

@@ -185,6 +185,7 @@ BAD_SPECS = [
     ({"signal": "usr2"}, "signal='usr2'"),
     ({"signal_lead": 0}, "signal_lead=0"),
     ({"signal_lead": 70000}, "signal_lead=70000"),
+    ({"signal_lead": 60, "time_minutes": 1}, "signal_lead=60 is not below the time limit of 1 min"),
     ({"max_restarts": -1, "launcher": "torchrun"}, "max_restarts=-1"),
     ({"max_restarts": 2}, "max_restarts=2 needs launcher torchrun"),
     ({"python": ""}, "python=''"),
@@ -243,7 +244,7 @@ def test_build_spec_defaults():
     assert s.python == sys.executable
     assert (s.launcher, s.backend, s.signal, s.signal_lead, s.requeue) == (
         "srun", "auto", "USR2", 120, True)  # fmt: skip
-    assert (s.max_restarts, s.rdzv_port, s.time_minutes) == (0, 29400, None)
+    assert (s.max_restarts, s.rdzv_port, s.time_minutes) == (0, None, None)  # port: the job's
 
 
 def test_build_spec_one_task_per_gpu_by_default():

@@ -208,7 +208,7 @@ def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_pat
     wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
                lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
     text = read(out)
-    assert f"stopped by USR2 at restart 0: job {job_id} requeued (1 of 3)" in text, text
+    assert f"job {job_id} stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in text, text
     assert re.search(r"resumed from \S+ at step \d+", text)
     assert job_fields(slurm_cluster, job_id)["Restarts"] == "1"
     assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}

@@ -127,7 +127,7 @@ def test_a_bad_spec_is_refused_before_rendering():
 def test_usr1_may_be_the_stop_signal():
     script = render_script(dataclasses.replace(BASE, signal="USR1"))
     assert "#SBATCH --signal=B:USR1@120" in script and "export SLURMDDP_SIGNAL=USR1" in script
-    assert "trap 'forward USR1' USR1" in script
+    assert "trap 'on_stop USR1' USR1" in script and "trap \"\" USR1; exec" in script
 
 
 def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
@@ -178,9 +178,21 @@ exec "$@"
 FAKE_SCONTROL = "#!/bin/bash\necho n1\necho n2\n"
 RECORDER = """#!{python}
 import json, os, sys
+if sys.argv[1:3] == ["-m", "slurmddp.decision"]:  # the batch shell's decision: the real one
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 with open(os.environ["RECORD"], "w", encoding="utf-8") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
 """
+
+
+def stand_in(path: Path, body: str) -> Path:
+    """An executable at `path` that the script runs as its python: `body` (bash) for the step,
+    the real interpreter for the batch shell's decision."""
+    body = body.removeprefix("#!/bin/bash\n")
+    path.write_text(f"#!/bin/bash\nif [[ $1 == -m && $2 == slurmddp.decision ]]; then exec "
+                    f"{sys.executable} \"$@\"; fi\n{body}")  # fmt: skip
+    path.chmod(0o755)
+    return path
 
 # Pieces that break naive quoting: shell syntax, command substitutions that would leave a
 # `pwned` file, quotes, escapes, globs, non-ASCII.
@@ -268,7 +280,8 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
         else:
             tail = ["-m", "slurmddp.run", "--tag-output", *spec.target]
             assert argv[:2] == ["-m", "slurmddp.agent"] and argv[-len(tail) :] == tail
-            assert "--rdzv-endpoint=n1:29400" in argv and "--rdzv-id=4242" in argv
+            # The agent adds the port, derived from the job (slurmddp.agent).
+            assert "--rdzv-endpoint=n1" in argv and "--rdzv-id=4242" in argv
         for key, value in dict(spec.env).items():
             assert record["env"][key] == value
         assert record["env"]["FROM_SETUP"] == "ran"
@@ -283,9 +296,7 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
 def test_a_step_that_fails_at_once_fails_the_job(fakes, tmp_path):
     # The step may be gone (and reaped by bash) before the shell first checks on it; its status
     # must still count. BASH_ENV holds the shell back just after it starts the step.
-    failing = tmp_path / "fail"
-    failing.write_text("#!/bin/bash\nexit 3\n")
-    failing.chmod(0o755)
+    failing = stand_in(tmp_path / "fail", "exit 3\n")
     slow = tmp_path / "slow.bash"
     slow.write_text("trap '[[ $BASH_COMMAND == \"step=\\$!\" ]] && sleep 0.5' DEBUG\n")
     spec = dataclasses.replace(BASE, output_dir=str(tmp_path / "out"), python=str(failing))
@@ -298,13 +309,24 @@ def test_a_step_that_fails_at_once_fails_the_job(fakes, tmp_path):
     assert r.returncode == 3, r.stderr
 
 
+STEP_TAKING_USR2 = f"""#!{sys.executable}
+import os, signal, sys, time
+if sys.argv[1:3] == ["-m", "slurmddp.decision"]:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+def got(signum, frame):
+    print("got-usr2", file=open(os.environ["OUT"], "a"))
+    sys.exit(5)
+signal.signal(signal.SIGUSR2, got)  # started with USR2 ignored: a handler takes it still
+print("started", file=open(os.environ["OUT"], "a"))
+while True:
+    time.sleep(0.05)
+"""
+
+
 def test_the_signal_reaches_the_step_and_its_status_is_the_jobs(fakes, tmp_path):
     # The trapped signal interrupts `wait`; the shell passes it on and still waits for the step.
     step = tmp_path / "step"
-    step.write_text(
-        "#!/bin/bash\ntrap 'echo got-usr2 >> \"$OUT\"; exit 5' USR2\n"
-        'echo started >> "$OUT"\nwhile :; do sleep 0.05; done\n'
-    )
+    step.write_text(STEP_TAKING_USR2)
     step.chmod(0o755)
     spec = dataclasses.replace(BASE, output_dir=str(tmp_path / "out"), python=str(step))
     script = tmp_path / "job.sh"
@@ -320,21 +342,23 @@ def test_the_signal_reaches_the_step_and_its_status_is_the_jobs(fakes, tmp_path)
         shell.send_signal(signal.SIGTERM)  # only noted: the shell keeps waiting for the step
         time.sleep(0.3)
         assert shell.poll() is None
-        shell.send_signal(signal.SIGUSR2)  # passed on to the step
+        shell.send_signal(signal.SIGUSR2)  # passed on to the step, once srun has settled
         assert shell.wait(timeout=10) == 5
     assert out.read_text().split() == ["started", "got-usr2"]
+    assert (tmp_path / "out" / "7" / "stop").read_text() == "USR2\n"  # for ranks still starting
 
 
 # --- the requeue decision, with stand-ins for Slurm's clients --------------------------------
 
 DECISION_SCONTROL = """#!/bin/bash
 echo "scontrol $*" >> "$CALLS"
+shown=$RESTARTS_SHOWN
+if [[ -e $CALLS.requeued ]]; then shown=${RESTARTS_AFTER_REQUEUE:-$shown}; fi
 case $1 in
-    show) echo "JobId=$SLURM_JOB_ID JobState=RUNNING $SHOW_JOB Partition=debug" ;;
-    requeue) exit "${REQUEUE_STATUS:-0}" ;;
+    show) echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=$shown $SHOW_JOB" ;;
+    requeue) : >"$CALLS.requeued"; exit "${REQUEUE_STATUS:-0}" ;;
 esac
 """
-DECISION_SQUEUE = '#!/bin/bash\necho "squeue $*" >> "$CALLS"\necho "$TIME_LEFT"\n'
 # The step: rank 0 leaving the requeue file (or not), then the step's status.
 DECISION_STEP = """#!/bin/bash
 echo step >> "$CALLS"
@@ -349,21 +373,24 @@ exit "${STEP_STATUS:-0}"
         ("preempted", {"SHOW_JOB": "PreemptTime=2026-11-22T01:20:58"}, 0,
          "job 7 stopped (preempted, USR2) at restart 0 after its checkpoint: requeued (1 of 3)",
          ["scontrol requeue 7"]),
-        ("time-limit", {"TIME_LEFT": "1:50"}, 0,
+        ("time-limit", {"SHOW_JOB": "TimeLimit=00:10:00 RunTime=00:08:10"}, 0,
          "job 7 stopped (time limit, USR2) at restart 0", ["scontrol requeue 7"]),
-        ("signal-by-hand", {"TIME_LEFT": "1-02:03:04"}, 0,
-         "job 7 stopped (signal USR2) at restart 0", ["scontrol requeue 7"]),
+        ("signal-by-hand", {"SHOW_JOB": "TimeLimit=1-02:03:04 RunTime=00:08:10"}, 0,
+         "job 7 stopped (signal, USR2) at restart 0", ["scontrol requeue 7"]),
         ("array-task", {"SLURM_ARRAY_JOB_ID": "6", "SLURM_ARRAY_TASK_ID": "2",
-                        "SLURM_RESTART_COUNT": "1"}, 0,
-         "job 6_2 stopped (signal USR2) at restart 1 after its checkpoint: requeued (2 of 3)",
+                        "SLURM_RESTART_COUNT": "1", "RESTARTS_SHOWN": "1"}, 0,
+         "job 6_2 stopped (signal, USR2) at restart 1 after its checkpoint: requeued (2 of 3)",
          ["scontrol requeue 6_2"]),
-        ("at-the-limit", {"SLURM_RESTART_COUNT": "3"}, 75,
+        ("at-the-limit", {"SLURM_RESTART_COUNT": "3", "RESTARTS_SHOWN": "3"}, 75,
          "at restart 3 after its checkpoint: not requeued, the limit of 3 requeues "
          "(--max-requeues) is reached; submit again to resume",
          ["scontrol update JobId=7 Requeue=0"]),
         ("requeue-refused", {"REQUEUE_STATUS": "1"}, 75,
          "scontrol requeue 7 failed: the job ends here; submit again to resume",
          ["scontrol requeue 7"]),
+        # The requeue's own TERM can end scontrol before it answers: Slurm's count says.
+        ("requeue-answer-lost", {"REQUEUE_STATUS": "143", "RESTARTS_AFTER_REQUEUE": "1"}, 0,
+         "requeued (1 of 3)", ["scontrol requeue 7"]),
     ],
 )  # fmt: skip
 def test_the_batch_shell_requeues_when_rank_0_asks(tmp_path, case, env, status, says, calls):
@@ -418,9 +445,7 @@ exit "$STATUS"
 )  # fmt: skip
 def test_a_failed_step_is_summarised_naming_the_rank_and_node(tmp_path, first, report, status,
                                                              says):  # fmt: skip
-    step = tmp_path / "step"
-    step.write_text(FAILING_STEP)
-    step.chmod(0o755)
+    step = stand_in(tmp_path / "step", FAILING_STEP)
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "srun").write_text(FAKE_SRUN)
     (tmp_path / "bin" / "srun").chmod(0o755)
@@ -453,25 +478,26 @@ def run_decision(tmp_path: Path, env: dict[str, str]):
     bin_dir = tmp_path / "bin"
     if not bin_dir.exists():
         bin_dir.mkdir()
-        for name, body in (("srun", FAKE_SRUN), ("scontrol", DECISION_SCONTROL),
-                           ("squeue", DECISION_SQUEUE), ("step", DECISION_STEP)):  # fmt: skip
+        for name, body in (("srun", FAKE_SRUN), ("scontrol", DECISION_SCONTROL)):
             (bin_dir / name).write_text(body)
             (bin_dir / name).chmod(0o755)
+        stand_in(bin_dir / "step", DECISION_STEP)
     calls = tmp_path / "calls"
     calls.unlink(missing_ok=True)
+    Path(f"{calls}.requeued").unlink(missing_ok=True)
     out = tmp_path / "out"
     spec = dataclasses.replace(BASE, output_dir=str(out), python=str(bin_dir / "step"))
     script = tmp_path / "job.sh"
     script.write_text(render_script(spec))
     full = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
             "SLURM_JOB_NODELIST": "n1", "SRUN_RECORD": str(tmp_path / "srun.argv"),
-            "CALLS": str(calls), "SHOW_JOB": "PreemptTime=None", "TIME_LEFT": "UNLIMITED",
-            **env}  # fmt: skip
+            "CALLS": str(calls), "SHOW_JOB": "PreemptTime=None TimeLimit=UNLIMITED",
+            "RESTARTS_SHOWN": env.get("SLURM_RESTART_COUNT", "0"), **env}  # fmt: skip
     r = subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True,
                        timeout=30)  # fmt: skip
     recorded = calls.read_text().splitlines() if calls.exists() else []
-    # The stand-ins' show/squeue queries only inform the message; keep the actions.
-    return r, out, [c for c in recorded if not c.startswith(("scontrol show", "squeue"))]
+    # The stand-in's show queries only inform the decision; keep the actions.
+    return r, out, [c for c in recorded if not c.startswith("scontrol show")]
 
 
 # --- the real cluster ---------------------------------------------------------------------------

@@ -11,19 +11,19 @@
 #   <output dir>/<job id>.batch.log        this shell: setup, srun's own messages
 #   <output dir>/<job id>/ranks.log         every rank's output, lines tagged [rank/world size]
 
-set -u  # from here on every variable is ours, and every status is handled by hand
-
-export SLURMDDP_BACKEND=auto
-# The stop protocol (slurmddp.preemption): the ranks stop together on the signal, checkpoint, and
-# rank 0 leaves the reason in the requeue file; this shell then requeues the job, so the ranks
-# need no Slurm tools (they may run in a container).
+# The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
+# rank 0 leaves the reason in the requeue file, and after the step this shell decides from what
+# Slurm records about the job (slurmddp.decision) whether to requeue it: the ranks need no Slurm
+# tools (they may run in a container).
 export SLURMDDP_SIGNAL=USR1
+export SLURMDDP_SIGNAL_LEAD=120
 export SLURMDDP_MAX_REQUEUES=3
 job_dir=/scratch/runs/"$SLURM_JOB_ID"
-export SLURMDDP_REQUEUE_FILE="$job_dir/requeue"
-export SLURMDDP_DONE_FILE="$job_dir/done"
-# A rank that fails appends one line naming itself, its node and its error (slurmddp.run).
-export SLURMDDP_FAILURE_FILE="$job_dir/failures"
+export SLURMDDP_REQUEUE_FILE="$job_dir"/requeue
+export SLURMDDP_DONE_FILE="$job_dir"/done
+export SLURMDDP_ASKED_FILE="$job_dir"/asked
+export SLURMDDP_STOP_FILE="$job_dir"/stop
+export SLURMDDP_FAILURE_FILE="$job_dir"/failures
 restart=${SLURM_RESTART_COUNT:-0}
 
 echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"
@@ -33,49 +33,72 @@ if [[ -e $SLURMDDP_DONE_FILE ]]; then
     echo "slurmddp: job $SLURM_JOB_ID finished its work in an earlier run: not run again"
     exit 0
 fi
-rm -f -- "$SLURMDDP_REQUEUE_FILE"  # a stale one from a run killed before its decision
-rm -f -- "$SLURMDDP_FAILURE_FILE"  # an earlier run's
+# An earlier run's (one killed before its decision leaves them behind).
+rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE"
+
+# Signals are taken from here on, setup included: the stop signal would otherwise end this shell.
+# The step runs in the background so that this shell takes them while it waits (bash runs a trap
+# only between commands). The stop signal is left in the stop file for ranks not yet able to take
+# it, then passed on to srun, which passes it on to every task; not in srun's first seconds,
+# which it would kill or drop. TERM is only noted: Slurm sends it to every step itself, and srun
+# would answer a forwarded TERM by killing the step. Never trap CONT: Slurm sends it along with
+# both, and bash then loses the other trap.
+step=
+step_started=0
+received=  # the signals trapped, for the decision
+interrupted=0
+on_stop() {
+    received="$received $1"
+    interrupted=1
+    echo "$1" >"$SLURMDDP_STOP_FILE" 2>/dev/null || true
+    if [[ -z $step ]]; then return; fi
+    local early=$((step_started + 2 - SECONDS))
+    if ((early > 0)); then
+        (sleep "$early"; kill -s "$1" "$step" 2>/dev/null) &
+    else
+        kill -s "$1" "$step" 2>/dev/null || true
+    fi
+}
+on_term() {
+    received="$received TERM"
+    interrupted=1
+}
+trap 'on_stop USR1' USR1
+trap on_term TERM
+
+set -u  # from here on every variable is ours, and every status is handled by hand
+
+export SLURMDDP_BACKEND=auto
 
 # srun's own messages land in this shell's log (appended to across runs): where this run's begin.
 batch_log=$(readlink -- "/proc/$$/fd/1" 2>/dev/null) || batch_log=
 log_start=0
 if [[ -f $batch_log ]]; then log_start=$(stat -c %s -- "$batch_log" 2>/dev/null || echo 0); fi
 
-# The step runs in the background so that this shell takes signals while it waits (bash runs a
-# trap only between commands). srun passes USR1 on to every task. TERM is only noted: Slurm
-# sends it to every step itself, and srun would answer a forwarded TERM by killing the step.
-step=
-received=  # the last signal trapped, for the requeue decision
-interrupted=0
-forward() {
-    received=$1
-    interrupted=1
-    if [[ -n $step ]]; then kill -s "$1" "$step" 2>/dev/null; fi
-}
-note() {
-    received=$1
-    interrupted=1
-}
-trap 'forward USR1' USR1
-trap 'note TERM' TERM
+status=  # the step's exit status; stays empty when a signal came before the step started
+if [[ -n $received ]]; then
+    echo "slurmddp:${received} came before the step started: not starting it" >&2
+else
+    # mpirun finds the allocation itself (it starts its daemons with srun) and passes USR1/USR2 on
+    # to every rank. Its ranks share one log, each line tagged with the rank.
+    mpirun -np "$SLURM_NTASKS" \
+        sh -c 'trap "" USR1; exec "$@"' slurmddp-rank /opt/venv/bin/python -m slurmddp.run --tag-output train.py --lr 0.1 \
+        >>"$job_dir/ranks.log" 2>&1 &
+    step=$! step_started=$SECONDS
+    # A stop signal trapped between the check above and here has not been passed on yet.
+    if [[ $received == *USR1* ]]; then on_stop USR1; fi
 
-# mpirun finds the allocation itself (it starts its daemons with srun) and passes USR1/USR2 on
-# to every rank. Its ranks share one log, each line tagged with the rank.
-mpirun -np "$SLURM_NTASKS" \
-    /opt/venv/bin/python -m slurmddp.run --tag-output train.py --lr 0.1 \
-    >>"$job_dir/ranks.log" 2>&1 &
-step=$!
-
-wait "$step"
-status=$?
-# A trapped signal ends `wait` early (128+n) while the step runs on: wait again. Bash keeps a
-# background job's status until it is collected, so a wait after the step ended still gets it.
-while ((interrupted)); do
-    interrupted=0
     wait "$step"
-    rc=$?
-    ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
-done
+    status=$?
+    # A trapped signal ends `wait` early (128+n) while the step runs on: wait again. Bash keeps a
+    # background job's status until it is collected, so a wait after the step ended still gets it.
+    while ((interrupted)); do
+        interrupted=0
+        wait "$step"
+        rc=$?
+        ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
+    done
+fi
 
 # Which rank failed: srun names the task and node it saw end first (tasks of one node that end
 # together share a line); a rank that raised or exited non-zero appended its own line first.
@@ -98,48 +121,42 @@ summarise_failure() {
     fi
 }
 
-# ---- requeue decision --------------------------------------------------------------------------
-if [[ ! -e $SLURMDDP_REQUEUE_FILE ]]; then
-    if ((status == 0)); then
-        : >"$SLURMDDP_DONE_FILE"  # finished: a requeue racing this exit must not run it again
-    elif [[ -n $received ]]; then
-        echo "slurmddp: the step ended with status $status after $received; no rank asked for a requeue" >&2
-    else
-        summarise_failure
-    fi
-    exit "$status"
+# ---- what happens to the job: decided from the run's outcome and Slurm's record of the job ------
+# A requeue (Slurm's, or the one below) sends TERM to this shell's processes; these must finish.
+immune() { (trap '' TERM; exec "$@"); }
+facts=()
+if [[ -n $status ]]; then facts+=(--step-status "$status"); fi
+if [[ -e $SLURMDDP_REQUEUE_FILE ]]; then
+    facts+=(--asked "$(<"$SLURMDDP_REQUEUE_FILE")")
+    rm -f -- "$SLURMDDP_REQUEUE_FILE"
 fi
-stopped_by=$(<"$SLURMDDP_REQUEUE_FILE")
-rm -f -- "$SLURMDDP_REQUEUE_FILE"
-
-# Why the ranks got the signal: Slurm stamps PreemptTime on a job it preempts; otherwise a signal
-# within the lead of the time limit is the limit's warning; anything else was sent by hand.
-seconds_left() {  # squeue's %L: [days-][hours:]minutes:seconds, or UNLIMITED
-    [[ $1 =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] || { echo -1; return; }
-    echo $(((((10#${BASH_REMATCH[2]:-0} * 24 + 10#${BASH_REMATCH[4]:-0}) * 60 + 10#${BASH_REMATCH[5]}) * 60) + 10#${BASH_REMATCH[6]}))
-}
-info=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null)
-left=$(seconds_left "$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null)")
-if [[ $info == *" PreemptTime="* && $info != *" PreemptTime=None"* ]]; then
-    why="preempted, $stopped_by"
-elif ((left >= 0 && left <= 120 + 60)); then
-    why="time limit, $stopped_by"
-else
-    why="signal $stopped_by"
-fi
-target=$SLURM_JOB_ID
-if [[ -n ${SLURM_ARRAY_JOB_ID:-} && -n ${SLURM_ARRAY_TASK_ID:-} ]]; then
-    target=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
-fi
-if ((restart >= SLURMDDP_MAX_REQUEUES)); then
-    echo "slurmddp: job $target stopped ($why) at restart $restart after its checkpoint: not requeued, the limit of $SLURMDDP_MAX_REQUEUES requeues (--max-requeues) is reached; submit again to resume" >&2
-    # A preempted job is requeued by Slurm itself unless it is told not to be.
-    scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1
-    exit 75
-fi
-echo "slurmddp: job $target stopped ($why) at restart $restart after its checkpoint: requeued ($((restart + 1)) of $SLURMDDP_MAX_REQUEUES)"
-if ! scontrol requeue "$target"; then
-    echo "slurmddp: scontrol requeue $target failed: the job ends here; submit again to resume" >&2
-    exit 75
-fi
-exit 0
+if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
+if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
+for sig in $received; do facts+=(--received "$sig"); done
+verdict=$(immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | immune /opt/venv/bin/python -m slurmddp.decision "${facts[@]}")
+read -r action code target <<<"$verdict"
+case $action in
+    finished)
+        : >"$SLURMDDP_DONE_FILE"  # a requeue racing this exit must not run the job again
+        exit "$code" ;;
+    done|stop) exit "$code" ;;
+    fail) summarise_failure; exit "$code" ;;
+    final)
+        # A preempted job is requeued by Slurm itself unless it is told not to be.
+        scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1
+        exit "$code" ;;
+    requeue)
+        if ! immune scontrol requeue "$target"; then
+            # Its answer can be lost while the requeue it asked for went through: look.
+            restarts=$(immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o ' Restarts=[0-9]*')
+            restarts=${restarts#*=}
+            if ((${restarts:-0} <= restart)); then
+                echo "slurmddp: scontrol requeue $target failed: the job ends here; submit again to resume" >&2
+                exit 75
+            fi
+        fi
+        exit 0 ;;
+    *)
+        echo "slurmddp: no decision from python -m slurmddp.decision; the job ends with the step's status" >&2
+        exit "${status:-1}" ;;
+esac

@@ -1,0 +1,257 @@
+"""Why a run ended and what happens to the job next: the requeue policy, in one place.
+
+`decide` is pure: facts in, a `Decision` out. Its callers gather the facts and carry it out:
+
+- the batch script of ``slurmddp submit``, after its step: ``python -m slurmddp.decision``
+  reads ``scontrol show job -o`` on stdin and the step's outcome from its options, prints its
+  messages on stderr and one line ``ACTION STATUS TARGET`` on stdout; the shell acts on it;
+- rank 0 in a user's own batch script (`slurmddp.preemption.requeue`), with the same facts;
+- the local emulation of ``--local``, without Slurm's record of the job.
+
+The rules, first match wins:
+
+1. The ranks reached `mark_done()`: the work is done, whatever happened after.
+2. Slurm requeued the job already (a preemption with GraceTime=0 does at once; its Restarts
+   count is then ahead of this run's): nothing to do.
+3. Slurm preempted the job (it stamps PreemptTime on it; a requeue clears it): requeue it,
+   however the ranks ended (stopped at their agreed step, ended by TERM, a framework that exits
+   0 on SIGTERM, or not started yet). Slurm signals a preemption by the user signal or by
+   SIGTERM depending on its configuration: which signal came says nothing. A PreemptMode=CANCEL
+   partition cancels the job when GraceTime ends: a requeue before that wins.
+4. The ranks stopped on the stop signal (the time limit's warning, or sent by hand): requeue.
+   On SIGTERM without preemption (scancel, the hard time limit): never requeue.
+5. A stop signal came before the step started: requeue.
+6. The step ended 0: finished. Otherwise it failed.
+
+docs/slurm-behaviour.md has what Slurm 22.05 was seen to do in each configuration.
+
+Requeues are counted by SLURM_RESTART_COUNT and capped by $SLURMDDP_MAX_REQUEUES; at the cap the
+job stops with `NOT_REQUEUED_STATUS` and Slurm is told not to requeue it either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+
+MAX_REQUEUES_VAR = "SLURMDDP_MAX_REQUEUES"
+SIGNAL_LEAD_VAR = "SLURMDDP_SIGNAL_LEAD"
+DEFAULT_MAX_REQUEUES = 3
+# Stopped for good without finishing (no requeue left, or nothing requeues it): EX_TEMPFAIL,
+# "try again later", which is what submitting again from the checkpoint does.
+NOT_REQUEUED_STATUS = 75
+# A stop signal within this long of the lead before the end is the time limit's warning
+# (slurmctld checks the limits about every 30 s, so the warning comes late by up to that).
+_LIMIT_SLACK_S = 60
+
+# What the caller does: end with STATUS (done: the work is finished; finished: the same, and the
+# done marker is left for a later requeue to find), requeue TARGET, stop (final: and tell Slurm
+# not to requeue it), or fail (and explain the failure).
+ACTIONS = ("done", "finished", "requeue", "stop", "final", "fail")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What is known when a run ends."""
+
+    step_status: int | None  # None: the step never started
+    asked: str | None = None  # the stop the ranks agreed on and checkpointed at (USR2, TERM...)
+    done: bool = False  # mark_done() was reached
+    protocol_used: bool = True  # the script called should_stop()
+    received: tuple[str, ...] = ()  # signals the batch shell got
+    job: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scontrol show job -o
+    restart: int = 0
+    allowed: int = DEFAULT_MAX_REQUEUES
+    target: str = ""
+    stop_signal: str = "USR2"
+    lead_s: int = 120
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: str
+    status: int
+    lines: tuple[str, ...] = ()
+
+
+def decide(f: Facts) -> Decision:
+    """What to do with the job once a run has ended (the rules in the module's docstring)."""
+    notes = _unused_protocol(f)
+    if f.done:
+        return Decision("done" if f.step_status in (0, None) else "fail", f.step_status or 0,
+                        notes)  # fmt: skip
+    if _requeued_already(f):
+        # Slurm requeued it as it ended (a preemption with GraceTime=0 does, with no PreemptTime
+        # to show for it): its count of restarts is ahead of this run's.
+        why = f"{f.asked} after" if f.asked else "after"
+        return Decision("stop", 0, (*notes, f"{_job(f)} was requeued by Slurm itself ({why} "
+                                    f"restart {f.restart}); it resumes from its checkpoint"))
+    preempted = _stamped(f.job.get("PreemptTime"))
+    if preempted:
+        if f.asked:
+            why = f"preempted, {f.asked}"
+        elif f.step_status is None:
+            why = "preempted before the step started"
+        else:
+            why = (f"preempted; the step ended with status {f.step_status} before the ranks "
+                   "agreed to stop")  # fmt: skip
+        return _requeue(f, why, notes)
+    if f.asked:
+        if f.asked == "TERM":
+            return Decision("stop", NOT_REQUEUED_STATUS, (*notes, (
+                f"{_job(f)} stopped (TERM, {_term_cause(f)}) at restart {f.restart} after "
+                f"its checkpoint: not requeued (only preemption or {f.stop_signal} requeue)")))
+        return _requeue(f, f"{_stop_cause(f)}, {f.asked}", notes)
+    if f.step_status is None:
+        if f.stop_signal in f.received:
+            return _requeue(f, f"{_stop_cause(f)}, {f.stop_signal}, before the step started",
+                            notes)  # fmt: skip
+        return Decision("stop", NOT_REQUEUED_STATUS, (*notes, (
+            f"{_job(f)} ended by {', '.join(f.received) or 'a signal'} before the step "
+            f"started: not requeued")))
+    if f.step_status == 0:
+        return Decision("done" if f.received else "finished", 0, notes)
+    if f.received:
+        notes = (*notes, f"the step ended with status {f.step_status} after "
+                 f"{', '.join(f.received)}; no rank asked for a requeue")  # fmt: skip
+    return Decision("fail", f.step_status, notes)
+
+
+def _requeue(f: Facts, why: str, notes: tuple[str, ...]) -> Decision:
+    after = " after its checkpoint" if f.asked else ""
+    if f.restart >= f.allowed:
+        return Decision("final", NOT_REQUEUED_STATUS, (*notes, (
+            f"{_job(f)} stopped ({why}) at restart {f.restart}{after}: not requeued, the "
+            f"limit of {f.allowed} requeues (--max-requeues) is reached; submit again to resume")))
+    return Decision("requeue", 0, (*notes, (
+        f"{_job(f)} stopped ({why}) at restart {f.restart}{after}: requeued "
+        f"({f.restart + 1} of {f.allowed})")))
+
+
+def _job(f: Facts) -> str:
+    return f"job {f.target}" if f.target else "the job"
+
+
+def _unused_protocol(f: Facts) -> tuple[str, ...]:
+    """One line when a stop came and the script never asked for it."""
+    if f.protocol_used or f.done:
+        return ()
+    what = [*f.received] + (["the preemption"] if _stamped(f.job.get("PreemptTime")) else [])
+    if not what:
+        return ()
+    return (f"the script never called slurmddp.should_stop(), so {' and '.join(what)} reached "
+            "it unannounced: it saved no checkpoint of slurmddp's (call should_stop() at every "
+            "step to stop together, checkpoint and requeue)",)  # fmt: skip
+
+
+def _stop_cause(f: Facts) -> str:
+    left = seconds_left(f.job)
+    if left is not None and 0 <= left <= f.lead_s + _LIMIT_SLACK_S:
+        return "time limit"
+    return "signal"
+
+
+def _term_cause(f: Facts) -> str:
+    left = seconds_left(f.job)
+    if f.job.get("Reason") == "TimeLimit" or (left is not None and left <= 1):
+        return "time limit reached"
+    # scancel: the job is COMPLETING while its processes are being ended, then CANCELLED.
+    if f.job.get("JobState") in ("CANCELLED", "COMPLETING"):
+        return "cancelled"
+    return "sent by hand"
+
+
+def _requeued_already(f: Facts) -> bool:
+    restarts = f.job.get("Restarts", "")
+    return (restarts.isdigit() and int(restarts) > f.restart) or f.job.get("JobState") in (
+        "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+
+def _stamped(value: str | None) -> bool:
+    return value not in (None, "", "None", "Unknown")
+
+
+_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
+
+
+def seconds(text: str | None) -> int | None:
+    """Slurm's [days-][hours:]minutes:seconds in seconds; None for UNLIMITED and the like."""
+    m = _DURATION.fullmatch(text or "")
+    if m is None:
+        return None
+    days, hours, minutes, secs = (int(x or 0) for x in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + secs
+
+
+def seconds_left(job: Mapping[str, str]) -> int | None:
+    """TimeLimit - RunTime, both from slurmctld (no clock of ours involved); None if unlimited."""
+    limit, ran = seconds(job.get("TimeLimit")), seconds(job.get("RunTime"))
+    return None if limit is None or ran is None else limit - ran
+
+
+def job_fields(text: str) -> dict[str, str]:
+    """The fields of ``scontrol show job -o`` (the first word of each value)."""
+    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
+
+
+def requeue_target(environ: Mapping[str, str]) -> str:
+    """The id `scontrol requeue` takes: ``<array job>_<task>`` for an array task, else the job."""
+    array_job, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return environ.get("SLURM_JOB_ID", "")
+
+
+def requeue_budget(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(restarts so far, requeues allowed), from SLURM_RESTART_COUNT and $SLURMDDP_MAX_REQUEUES."""
+    restarts = environ.get("SLURM_RESTART_COUNT") or "0"
+    allowed = environ.get(MAX_REQUEUES_VAR) or str(DEFAULT_MAX_REQUEUES)
+    if not (restarts.isascii() and restarts.isdigit() and allowed.isascii() and allowed.isdigit()):
+        raise ValueError(
+            f"SLURM_RESTART_COUNT={restarts!r} or {MAX_REQUEUES_VAR}={allowed!r} is not a count"
+        )
+    return int(restarts), int(allowed)
+
+
+def facts_from(environ: Mapping[str, str], **known: object) -> Facts:
+    """`Facts` with the job's budget, target, stop signal and lead taken from `environ`."""
+    from slurmddp.signals import stop_signal
+
+    restart, allowed = requeue_budget(environ)
+    lead = environ.get(SIGNAL_LEAD_VAR, "")
+    return Facts(restart=restart, allowed=allowed, target=requeue_target(environ),  # type: ignore[arg-type]
+                 stop_signal=stop_signal(environ).name[3:],
+                 lead_s=int(lead) if lead.isdigit() else 120, **known)  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m slurmddp.decision``: the batch script's decision, facts from its options."""
+    p = argparse.ArgumentParser(prog="python -m slurmddp.decision")
+    p.add_argument("--step-status", type=int, help="the step's exit status (absent: not started)")
+    p.add_argument("--asked", help="the reason the ranks left in the requeue file")
+    p.add_argument("--done", action="store_true", help="the ranks reached mark_done()")
+    p.add_argument("--protocol-unused", action="store_true",
+                   help="the script never called should_stop()")  # fmt: skip
+    p.add_argument("--received", action="append", default=[], help="a signal the shell got")
+    args = p.parse_args(argv)
+    try:
+        facts = facts_from(os.environ, step_status=args.step_status, asked=args.asked or None,
+                           done=args.done, protocol_used=not args.protocol_unused,
+                           received=tuple(dict.fromkeys(args.received)),
+                           job=job_fields(sys.stdin.read()))  # fmt: skip
+    except ValueError as e:
+        print(f"slurmddp: {e}", file=sys.stderr)
+        return 2
+    decision = decide(facts)
+    for line in decision.lines:
+        print(f"slurmddp: {line}", file=sys.stderr)
+    print(decision.action, decision.status, facts.target or "-")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

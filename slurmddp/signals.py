@@ -1,0 +1,236 @@
+"""How a rank takes the stop signal and SIGTERM, without harming its children or other scripts.
+
+Slurm signals every process of a step: srun forwards a signal to the whole process tree of each
+task, and Slurm's own SIGTERM (scancel, preemption, the time limit) reaches every process too. So:
+
+- **The stop signal** ($SLURMDDP_SIGNAL, USR2 by default) only sets a flag that
+  `slurmddp.should_stop` reads. It is *blocked* in the rank's threads, and so in every child the
+  rank starts afterwards (a signal mask survives fork and exec): DataLoader workers, compile
+  workers and subprocesses never die of it. One daemon thread keeps it unblocked, so the kernel
+  delivers it there and Python runs the handler in the main thread as usual. A stop signal
+  that arrives before the handler exists is not lost either: the batch script starts each rank
+  with it ignored (an ignored signal stays ignored across exec) and leaves the reason in
+  $SLURMDDP_STOP_FILE before passing the signal on; `install` reads that file once.
+- **SIGTERM** sets the flag only once the script has asked `should_stop()` (`take_term`). Until
+  then it keeps the effect it has without slurmddp: the default (the process ends) or the
+  script's own handler. A handler installed later (Lightning's) replaces ours, and one installed
+  earlier is chained after ours.
+- **DataLoader workers** are torch's `_worker_loop` processes: torch makes them die of any SIGTERM
+  that their parent did not send. They are started with SIGTERM blocked and a thread in each
+  ends the worker on its parent's SIGTERM only (what torch does), so Slurm's SIGTERM to the
+  whole step leaves them running until the rank has stopped at its agreed step. Other children
+  get Slurm's SIGTERM as they would without slurmddp: blocking it in all of them would make
+  `Pool.terminate()` and `Popen.terminate()` hang.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+SIGNAL_VAR = "SLURMDDP_SIGNAL"
+STOP_FILE_VAR = "SLURMDDP_STOP_FILE"
+DEFAULT_SIGNAL = "USR2"
+
+# Bits of what a process saw: the stop signal, SIGTERM.
+STOP, TERM = 1, 2
+
+_Handler = Callable[[int, Any], Any] | int | None
+
+
+def stop_signal(environ: Mapping[str, str]) -> signal.Signals:
+    """The signal that announces preemption or the time limit: ``$SLURMDDP_SIGNAL`` or USR2."""
+    name = environ.get(SIGNAL_VAR) or DEFAULT_SIGNAL
+    try:
+        return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    except KeyError:
+        raise ValueError(f"{SIGNAL_VAR}={name!r} is not a signal name: use e.g. USR2") from None
+
+
+def ignoring(name: str) -> tuple[str, ...]:
+    """A command prefix that starts a process with the stop signal `name` ignored.
+
+    An ignored signal stays ignored across exec, so a rank started through it cannot be ended by
+    the stop signal before its runner takes it (the signal is then read from the stop file).
+    """
+    return ("sh", "-c", f'trap "" {name}; exec "$@"', "slurmddp-rank")
+
+
+def bits_name(bits: int, stop: signal.Signals | None) -> str | None:
+    """"USR2" (the stop signal wins), "TERM", or None."""
+    if bits & STOP:
+        return (stop or signal.SIGUSR2).name[3:]
+    return "TERM" if bits & TERM else None
+
+
+class Receiver:
+    """This process's view of the stop signal and SIGTERM (one per process: `receiver`)."""
+
+    def __init__(self) -> None:
+        self.seen = 0  # written by the handlers only
+        self.stop: signal.Signals | None = None
+        self._term_taken = False
+        self._previous_term: _Handler = None
+
+    # -- the stop signal ---------------------------------------------------------------------
+
+    def install(self, environ: Mapping[str, str] | None = None) -> signal.Signals | None:
+        """Take the stop signal from now on (idempotent); None outside the main thread.
+
+        Python delivers signals only in the main thread, so only it can install handlers.
+        """
+        if self.stop is not None:
+            return self.stop
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        env = os.environ if environ is None else environ
+        sig = stop_signal(env)
+        route(sig, self._on_stop)
+        self.stop = sig
+        path = env.get(STOP_FILE_VAR)
+        if path and os.path.exists(path):
+            # The batch shell got the stop signal before this process could take it.
+            self.seen |= STOP
+        _shield_dataloader_workers()
+        return sig
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self.seen |= STOP  # nothing else here: no I/O, no collectives
+
+    # -- SIGTERM -----------------------------------------------------------------------------
+
+    def take_term(self) -> None:
+        """From now on SIGTERM sets the flag too (the script uses the stop protocol).
+
+        A handler the script installed before is called after ours; an ignored SIGTERM stays
+        ignored. A no-op outside the main thread.
+        """
+        if self._term_taken or threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current == signal.SIG_IGN:
+            return
+        self._previous_term = current if callable(current) else None
+        signal.signal(signal.SIGTERM, self._on_term)
+        self._term_taken = True
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.seen |= TERM
+        if self._previous_term is not None:
+            self._previous_term(signum, frame)
+
+    @property
+    def term_taken(self) -> bool:
+        return self._term_taken
+
+    def name(self, bits: int | None = None) -> str | None:
+        return bits_name(self.seen if bits is None else bits, self.stop)
+
+
+def route(sig: signal.Signals, handler: Callable[[int, Any], Any]) -> None:
+    """Run `handler` on `sig` in the main thread, with `sig` blocked in every thread and child
+    created from here on but one daemon thread, where the kernel then delivers it."""
+    signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    threading.Thread(target=_unblocked, args=(sig,), name="slurmddp-signals", daemon=True).start()
+
+
+def _unblocked(sig: signal.Signals) -> None:
+    """The one thread where the stop signal is delivered; it only waits."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    threading.Event().wait()
+
+
+receiver = Receiver()
+
+
+# -- children started through multiprocessing ---------------------------------------------------
+
+_WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
+_original_start = multiprocessing.process.BaseProcess.start
+
+
+def _is_dataloader_worker(target: Any) -> bool:
+    return (getattr(target, "__module__", None), getattr(target, "__name__", None)) == _WORKER_LOOP
+
+
+def _block_term() -> Any:
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+class _Shielded:
+    """A DataLoader worker's target, run with SIGTERM taken from its DataLoader only.
+
+    Picklable: spawn and forkserver workers unpickle it before their arguments.
+    """
+
+    def __init__(self, target: Callable[..., Any]) -> None:
+        self.target = target
+        self.owner = os.getpid()  # the rank, whose DataLoader may terminate the worker
+
+    def __setstate__(self, state: dict) -> None:
+        _block_term()  # before anything the unpickling imports can start a thread
+        self.__dict__.update(state)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _block_term()
+        threading.Thread(target=_end_on_owners_term, args=(self.owner,),
+                         name="slurmddp-worker-term", daemon=True).start()  # fmt: skip
+        return self.target(*args, **kwargs)
+
+
+def _end_on_owners_term(owner: int) -> None:
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid == owner:
+            os._exit(0)  # as torch's worker handler does when its DataLoader ends it
+
+
+def _unblock_term() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+class _TermUnblocked:
+    """Unpickled in a forkserver child: gives its main thread SIGTERM back (see below)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _unblock_term, ()
+
+
+def _shielded_start(self: multiprocessing.process.BaseProcess) -> None:
+    """`Process.start` for a rank: DataLoader workers shielded, every other child as it was.
+
+    A child is born with its creator's signal mask, and threads a library starts in the child at
+    fork time (OpenBLAS does) keep it. So DataLoader workers are started with SIGTERM blocked.
+    The forkserver is started with SIGTERM blocked too, so its DataLoader workers are born that
+    way; its other children unblock it in their main thread as they unpickle, and so take
+    SIGTERM as they would without slurmddp.
+    """
+    target = getattr(self, "_target", None)
+    forkserver = getattr(self, "_start_method", None) == "forkserver"
+    if forkserver:
+        from multiprocessing import forkserver as server
+
+        old = _block_term()
+        try:
+            server.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    if not _is_dataloader_worker(target):
+        if forkserver:
+            self._slurmddp_term = _TermUnblocked()  # type: ignore[attr-defined]
+        return _original_start(self)
+    self._target = _Shielded(target)  # type: ignore[attr-defined]
+    old = _block_term()
+    try:
+        return _original_start(self)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _shield_dataloader_workers() -> None:
+    multiprocessing.process.BaseProcess.start = _shielded_start  # type: ignore[method-assign]

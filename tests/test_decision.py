@@ -1,0 +1,125 @@
+"""The requeue policy as a table: facts of a run's end in, what happens to the job out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from slurmddp.decision import Facts, decide, job_fields, seconds, seconds_left
+from tests.conftest import launcher_free_env
+
+PREEMPTED = {"JobState": "RUNNING", "PreemptTime": "2026-11-22T11:00:00", "TimeLimit": "UNLIMITED",
+             "RunTime": "00:05:00"}  # fmt: skip
+RUNNING = {"JobState": "RUNNING", "PreemptTime": "None", "TimeLimit": "UNLIMITED",
+           "RunTime": "00:05:00"}  # fmt: skip
+NEAR_LIMIT = RUNNING | {"TimeLimit": "00:10:00", "RunTime": "00:08:30"}  # 90 s left, lead 120
+AT_LIMIT = RUNNING | {"TimeLimit": "00:10:00", "RunTime": "00:10:00"}
+CANCELLED = RUNNING | {"JobState": "CANCELLED"}
+# GraceTime=0: Slurm requeues at once, and shows no PreemptTime while the shell still runs.
+REQUEUED_BY_SLURM = RUNNING | {"JobState": "COMPLETING", "Restarts": "1"}
+SCANCELLED = RUNNING | {"JobState": "COMPLETING", "Restarts": "0"}
+TIMED_OUT = RUNNING | {"JobState": "COMPLETING", "Reason": "TimeLimit", "TimeLimit": "00:01:00",
+                       "RunTime": "00:01:27"}  # fmt: skip
+CANCEL_MODE = PREEMPTED | {"JobState": "PREEMPTED"}
+
+
+def facts(**kw) -> Facts:
+    return Facts(**({"step_status": 0, "target": "41"} | kw))
+
+
+CASES = [
+    # (id, facts, action, status, a phrase of the message)
+    ("done", facts(done=True, job=PREEMPTED), "done", 0, None),
+    ("done-then-failed", facts(done=True, step_status=1), "fail", 1, None),
+    ("preempted-usr2", facts(asked="USR2", job=PREEMPTED), "requeue", 0,
+     "job 41 stopped (preempted, USR2) at restart 0 after its checkpoint: requeued (1 of 3)"),
+    ("preempted-term-default-signalling", facts(asked="TERM", job=PREEMPTED), "requeue", 0,
+     "stopped (preempted, TERM)"),
+    ("preempted-cancel-mode", facts(asked="TERM", job=CANCEL_MODE), "requeue", 0, "preempted"),
+    ("preempted-lightning-exit-0", facts(job=PREEMPTED, received=()), "requeue", 0,
+     "the step ended with status 0 before the ranks agreed to stop"),
+    ("preempted-killed-by-term", facts(step_status=143, job=PREEMPTED), "requeue", 0,
+     "status 143"),
+    ("preempted-in-setup", facts(step_status=None, job=PREEMPTED, received=("TERM",)), "requeue",
+     0, "preempted before the step started"),
+    ("grace0-requeued-by-slurm", facts(asked="TERM", job=REQUEUED_BY_SLURM), "stop", 0,
+     "job 41 was requeued by Slurm itself (TERM after restart 0)"),
+    ("preempted-at-the-cap", facts(asked="USR2", job=PREEMPTED, restart=3), "final", 75,
+     "not requeued, the limit of 3 requeues (--max-requeues) is reached"),
+    ("time-limit-warning", facts(asked="USR2", job=NEAR_LIMIT), "requeue", 0,
+     "stopped (time limit, USR2) at restart 0"),
+    ("usr2-by-hand", facts(asked="USR2", job=RUNNING), "requeue", 0, "stopped (signal, USR2)"),
+    ("usr1-by-hand", facts(asked="USR1", stop_signal="USR1", job=RUNNING), "requeue", 0,
+     "(signal, USR1)"),
+    ("scancel", facts(asked="TERM", job=SCANCELLED, received=("TERM",)), "stop", 75,
+     "stopped (TERM, cancelled) at restart 0 after its checkpoint: not requeued"),
+    ("cancelled", facts(asked="TERM", job=CANCELLED), "stop", 75, "(TERM, cancelled)"),
+    ("hard-time-limit", facts(asked="TERM", job=TIMED_OUT), "stop", 75, "time limit reached"),
+    ("no-time-left", facts(asked="TERM", job=AT_LIMIT), "stop", 75, "time limit reached"),
+    ("term-by-hand", facts(asked="TERM", job=RUNNING), "stop", 75, "sent by hand"),
+    ("stop-in-setup", facts(step_status=None, received=("USR2",), job=RUNNING), "requeue", 0,
+     "before the step started"),
+    ("cancel-in-setup", facts(step_status=None, received=("TERM",), job=CANCELLED), "stop", 75,
+     "before the step started: not requeued"),
+    ("finished", facts(), "finished", 0, None),
+    ("finished-after-a-signal", facts(received=("USR2",)), "done", 0, None),
+    ("failed", facts(step_status=3), "fail", 3, None),
+    ("failed-after-a-signal", facts(step_status=1, received=("USR2",)), "fail", 1,
+     "the step ended with status 1 after USR2; no rank asked for a requeue"),
+    ("no-scontrol-answer", facts(asked="USR2", job={}), "requeue", 0, "(signal, USR2)"),
+]
+
+
+@pytest.mark.parametrize(("facts_", "action", "status", "says"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_what_happens_to_the_job(facts_, action, status, says):
+    d = decide(facts_)
+    assert (d.action, d.status) == (action, status), d
+    if says is not None:
+        assert any(says in line for line in d.lines), d.lines
+
+
+def test_a_script_that_never_asked_is_told_once():
+    d = decide(facts(protocol_used=False, step_status=143, job=PREEMPTED))
+    assert d.action == "requeue"
+    unused = [line for line in d.lines if "never called slurmddp.should_stop()" in line]
+    assert len(unused) == 1 and "the preemption reached it" in unused[0]
+    d = decide(facts(protocol_used=False, received=("USR2",)))
+    assert any("USR2 reached it" in line for line in d.lines)
+    assert decide(facts(protocol_used=False)).lines == ()  # nothing came: nothing to say
+
+
+@pytest.mark.parametrize(("text", "value"), [("00:01:30", 90), ("1:00", 60), ("2-03:04:05", 183845),
+                                             ("UNLIMITED", None), ("", None)])  # fmt: skip
+def test_slurm_durations(text, value):
+    assert seconds(text) == value
+
+
+def test_time_left_comes_from_slurm_alone():
+    assert seconds_left(NEAR_LIMIT) == 90
+    assert seconds_left(RUNNING) is None
+
+
+SHOW_JOB = ("JobId=41 JobName=train UserId=root(0) Priority=1 JobState=RUNNING Reason=None "
+            "Requeue=1 Restarts=1 RunTime=00:08:30 TimeLimit=00:10:00 PreemptTime=None "
+            "Command=/tmp/a b/job.sh WorkDir=/tmp\n")  # fmt: skip
+
+
+def test_scontrol_show_job_fields():
+    fields = job_fields(SHOW_JOB)
+    assert fields["JobState"] == "RUNNING" and fields["Restarts"] == "1"
+    assert fields["PreemptTime"] == "None" and fields["Command"] == "/tmp/a"
+
+
+def test_the_batch_shell_command_prints_its_action_and_messages():
+    env = launcher_free_env(SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1",
+                            SLURMDDP_MAX_REQUEUES="5", SLURMDDP_SIGNAL_LEAD="120")  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "slurmddp.decision", "--step-status", "0",
+                        "--asked", "USR2"], input=SHOW_JOB, env=env, capture_output=True,
+                       text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "requeue 0 41\n"
+    assert r.stderr == ("slurmddp: job 41 stopped (time limit, USR2) at restart 1 after its "
+                        "checkpoint: requeued (2 of 5)\n")  # fmt: skip
