@@ -13,7 +13,7 @@ The skeleton to copy:
 - Evaluation on rank 0 only, through `ddp.module`: the other ranks wait for it in the next
   collective (the checkpoint save).
 - Prints from rank 0 only, or every line appears once per rank.
-- `slurmddp.should_stop()` after every step (cheap: the ranks talk about once a second). When
+- `slurmddp.should_stop()` after every step (cheap: the ranks talk only once a signal came). When
   the job gets its stop signal, every rank gets True at the same step, they checkpoint together
   and `slurmddp.requeue()` hands the job back to Slurm; the next run resumes from there.
 

@@ -33,6 +33,11 @@ def main() -> int:
     p.add_argument("--save-every", type=int, default=100, help="also checkpoint every N steps")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of extra work per step")
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--slow-save", type=float, default=0.0,
+                   help="seconds a stop's checkpoint takes more, as on a slow file system")
+    p.add_argument("--worker-start", choices=["fork", "spawn", "forkserver"],
+                   help="how the DataLoader starts its workers (default: Python's)")
     args = p.parse_args()
 
     slurmddp.init("gloo", timeout=120)
@@ -51,15 +56,16 @@ def main() -> int:
     # Its own generator: a DataLoader iterator otherwise draws a seed from the global RNG, and a
     # resumed run creates one iterator more than an uninterrupted one.
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                        generator=torch.Generator())  # fmt: skip
+                        generator=torch.Generator(), num_workers=args.workers,
+                        multiprocessing_context=args.worker_start if args.workers else None,
+                        persistent_workers=args.workers > 0)  # fmt: skip
     ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2)
-
-    # Every run, fresh or resumed, reduces gradients with the same bucket layout.
-    train_state.prime_ddp(ddp, dataset[:1][0])
 
     step, epoch, position = 0, 0, 0
     loaded = ckpt.load_latest()
     if loaded is not None:
+        # Given the DDP model, restore also primes its gradient buckets as the uninterrupted run
+        # had them: the resumed run then reduces gradients bit for bit alike.
         at = train_state.restore(loaded.state, model=ddp, optimizer=optimizer, scheduler=scheduler)
         step, epoch, position = at["step"], at["epoch"], at["position"]
         if rank == 0:
@@ -86,6 +92,7 @@ def main() -> int:
             if step == args.steps:
                 break
             if slurmddp.should_stop():
+                time.sleep(args.slow_save)
                 ckpt.save(step, state())
                 if rank == 0:
                     print(f"stopped at step {step} (epoch {epoch}, sample {position})", flush=True)

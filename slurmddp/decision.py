@@ -13,15 +13,16 @@ The rules, first match wins:
 1. The ranks reached `mark_done()`: the work is done, whatever happened after.
 2. Slurm requeued the job already (a preemption with GraceTime=0 does at once; its Restarts
    count is then ahead of this run's): nothing to do.
-3. Slurm preempted the job (it stamps PreemptTime on it; a requeue clears it): requeue it,
+3. The job is marked not to be requeued (``scontrol update JobId=N Requeue=0``): it stops.
+4. Slurm preempted the job (it stamps PreemptTime on it; a requeue clears it): requeue it,
    however the ranks ended (stopped at their agreed step, ended by TERM, a framework that exits
    0 on SIGTERM, or not started yet). Slurm signals a preemption by the user signal or by
    SIGTERM depending on its configuration: which signal came says nothing. A PreemptMode=CANCEL
    partition cancels the job when GraceTime ends: a requeue before that wins.
-4. The ranks stopped on the stop signal (the time limit's warning, or sent by hand): requeue.
+5. The ranks stopped on the stop signal (the time limit's warning, or sent by hand): requeue.
    On SIGTERM without preemption (scancel, the hard time limit): never requeue.
-5. A stop signal came before the step started: requeue.
-6. The step ended 0: finished. Otherwise it failed.
+6. A stop signal came before the step started: requeue.
+7. The step ended 0: finished. Otherwise it failed.
 
 docs/slurm-behaviour.md has what Slurm 22.05 was seen to do in each configuration.
 
@@ -91,6 +92,10 @@ def decide(f: Facts) -> Decision:
         return Decision("stop", 0, (*notes, f"{_job(f)} was requeued by Slurm itself ({why} "
                                     f"restart {f.restart}); it resumes from its checkpoint"))
     preempted = _stamped(f.job.get("PreemptTime"))
+    if f.job.get("Requeue") == "0" and (f.asked or f.step_status is None or preempted):
+        return Decision("stop", NOT_REQUEUED_STATUS, (*notes, (
+            f"{_job(f)} stopped ({f.asked or ('preempted' if preempted else 'before its step')}) "
+            f"at restart {f.restart}: the job is marked not to be requeued (Requeue=0)")))
     if preempted:
         if f.asked:
             why = f"preempted, {f.asked}"
@@ -104,7 +109,8 @@ def decide(f: Facts) -> Decision:
         if f.asked == "TERM":
             return Decision("stop", NOT_REQUEUED_STATUS, (*notes, (
                 f"{_job(f)} stopped (TERM, {_term_cause(f)}) at restart {f.restart} after "
-                f"its checkpoint: not requeued (only preemption or {f.stop_signal} requeue)")))
+                f"its checkpoint: not requeued, as only a preemption or {f.stop_signal} "
+                "requeues a job")))
         return _requeue(f, f"{_stop_cause(f)}, {f.asked}", notes)
     if f.step_status is None:
         if f.stop_signal in f.received:

@@ -16,11 +16,12 @@ task, and Slurm's own SIGTERM (scancel, preemption, the time limit) reaches ever
   script's own handler. A handler installed later (Lightning's) replaces ours, and one installed
   earlier is chained after ours.
 - **DataLoader workers** are torch's `_worker_loop` processes: torch makes them die of any SIGTERM
-  that their parent did not send. They are started with SIGTERM blocked and a thread in each
-  ends the worker on its parent's SIGTERM only (what torch does), so Slurm's SIGTERM to the
-  whole step leaves them running until the rank has stopped at its agreed step. Other children
-  get Slurm's SIGTERM as they would without slurmddp: blocking it in all of them would make
-  `Pool.terminate()` and `Popen.terminate()` hang.
+  that their parent did not send. They are started with SIGTERM blocked (fork, spawn and
+  forkserver alike) and a thread in each ends the worker on its DataLoader's SIGTERM only (the
+  rank's, as torch does), so Slurm's SIGTERM to the whole step leaves them serving the rank
+  until it stops at its agreed step. Other children get Slurm's SIGTERM as they would without
+  slurmddp: blocking it in all of them would make `Pool.terminate()` and `Popen.terminate()`
+  hang.
 """
 
 from __future__ import annotations

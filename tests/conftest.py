@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,22 @@ class Cluster:
 
     def srun(self, srun_args: list[str], command: list[str], **kw) -> subprocess.CompletedProcess:
         return self.run(["srun", "--kill-on-bad-exit=1", *srun_args, *command], **kw)
+
+    @contextlib.contextmanager
+    def variant(self, name: str) -> Iterator[None]:
+        """The cluster in configuration `name` (scripts/slurm-cluster variant), then standard."""
+        _switch(name)
+        try:
+            yield
+        finally:
+            _switch("standard")
+
+
+def _switch(name: str) -> None:
+    r = subprocess.run([str(CLUSTER_SCRIPT), "variant", name], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    if r.returncode != 0:
+        pytest.fail(f"cannot switch the cluster to variant {name}:\n{r.stdout}\n{r.stderr}")
 
 
 def tagged_json(stdout: str, tag: str) -> list[dict]:

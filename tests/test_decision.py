@@ -68,6 +68,10 @@ CASES = [
     ("failed", facts(step_status=3), "fail", 3, None),
     ("failed-after-a-signal", facts(step_status=1, received=("USR2",)), "fail", 1,
      "the step ended with status 1 after USR2; no rank asked for a requeue"),
+    ("requeue-0", facts(asked="USR2", job=RUNNING | {"Requeue": "0"}), "stop", 75,
+     "the job is marked not to be requeued (Requeue=0)"),
+    ("requeue-0-preempted", facts(asked="TERM", job=PREEMPTED | {"Requeue": "0"}), "stop", 75,
+     "stopped (TERM) at restart 0: the job is marked not to be requeued"),
     ("no-scontrol-answer", facts(asked="USR2", job={}), "requeue", 0, "(signal, USR2)"),
 ]
 

@@ -7,7 +7,8 @@
 | a rank never starts    | rank 3 sleeps before init (slurmddp.   | the others fail after 15 s:    |
 |                        | init, or torch's), start-up timeout 15 | 3 of 4 joined, the timeout     |
 | MASTER_PORT taken      | a socket holds it on the first node    | fails at once, names the port  |
-| two jobs on one node   | both groups up at once on n4           | different ports, both complete |
+| two jobs on one node   | both groups up at once on n4 (srun,    | different ports, both complete |
+|                        | and torchrun's rendezvous)             |                                |
 | slurmd killed          | kill -9 of n2's slurmd under two jobs  | requeued or NODE_FAIL as each  |
 |                        | that checkpoint                        | asks; latest checkpoint loads  |
 | slurmctld down         | submit and status, then it comes back  | one line, non-zero, nothing    |
@@ -191,6 +192,26 @@ def test_two_jobs_sharing_a_node_get_different_ports(slurm_cluster, tmp_path):
     assert len(set(ports.values())) == 2, ports
     # Both process groups were up at once on n4: each rank 0 waited for the other job's.
     assert sorted(p.name for p in meet.iterdir()) == sorted(ports), ports
+
+
+def test_two_torchrun_jobs_sharing_their_first_node_rendezvous_apart(slurm_cluster, tmp_path):
+    # torchrun's rendezvous port was fixed: the second job's agent joined the first job's store
+    # and failed when that job ended. It is now derived from the job, as MASTER_PORT is.
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    jobs = [submit(slurm_cluster, tmp_path, "--launcher", "torchrun", "--nodes", "1",
+                   "--ntasks-per-node", "2", "--sbatch-arg=--nodelist=n4", "--env",
+                   f"MEET_DIR={meet}", "--env", "MEET_COUNT=2", PROGRAM)
+            for _ in range(2)]  # fmt: skip
+    ports = {}
+    for job in jobs:
+        end = finished(slurm_cluster, job["job_id"])
+        node_log = (Path(job["job_dir"]) / job["job_id"] / "node-0.log").read_text()
+        assert end["State"] == "COMPLETED", (end, node_log)
+        ports[job["job_id"]] = {e["port"] for e in tagged_json(node_log, "EVENT ")
+                                if e["event"] == "arrived"}  # fmt: skip
+    assert all(len(p) == 1 for p in ports.values()) and len(set.union(*ports.values())) == 2
+    assert sorted(p.name for p in meet.iterdir()) == sorted(ports)  # both up at once on n4
 
 
 # -- a slurmd dies -------------------------------------------------------------------------------

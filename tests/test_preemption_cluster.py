@@ -1,9 +1,10 @@
 """Preemption, time limits and requeue on the real local cluster, checked bit for bit.
 
-Jobs run on `debug`; exclusive jobs on `urgent` (a higher PriorityTier) preempt them, and Slurm
-sends the stop signal at once (preempt_send_user_signal). A requeued job may start again only
-once its old credential expires (cred_expire=30 on this cluster). Moving its StartTime to now
-does not help: slurmctld starts it and kills it at once ("Job credential revoked"), FAILED.
+Jobs run on `debug`; exclusive jobs on `urgent` (a higher PriorityTier) preempt them. How Slurm
+signals that depends on its configuration: the tests switch the cluster to each variant centres
+run (`Cluster.variant`, docs/slurm-behaviour.md) and back. A requeued job may start again only
+once its old credential expires (cred_expire on this cluster). Moving its StartTime to now does
+not help: slurmctld starts it and kills it at once ("Job credential revoked"), FAILED.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def train_args(ckpt: Path, steps: int, step_time: float) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference_digest(slurm_cluster, tmp_path_factory) -> str:
     """The parameters of an uninterrupted run of the training the tests interrupt."""
     tmp = tmp_path_factory.mktemp("reference")
@@ -102,18 +103,37 @@ def reference_digest(slurm_cluster, tmp_path_factory) -> str:
     return digests.pop()
 
 
-def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path,
+# Every configuration variant of the local cluster (scripts/slurm-cluster variant), and the line
+# the batch log gives for each of the two stops there.
+VARIANTS = {
+    "standard": r"job \d+ stopped \(preempted, USR2\) at restart {r} after its checkpoint: "
+                r"requeued \({n} of 3\)",
+    "default-signal": r"stopped \(preempted, TERM\) at restart {r} after its checkpoint: "
+                      r"requeued \({n} of 3\)",
+    "cancel": r"stopped \(preempted, USR2\) at restart {r} after its checkpoint: requeued",
+    "cancel-default-signal": r"stopped \(preempted, TERM\) at restart {r} after its checkpoint: "
+                             r"requeued",
+    "grace0": r"job \d+ was requeued by Slurm itself \(TERM after restart {r}\)",
+    "grace0-cancel": r"stopped \(preempted, TERM\) at restart {r} after its checkpoint: "
+                     r"requeued \({n} of 3\)",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path, variant,
                                                             reference_digest):  # fmt: skip
-    job = Job(slurm_cluster, tmp_path, train_args(tmp_path / "ckpt", steps=300, step_time=0.05))
-    job.wait_for_log(r"step 60 ")
-    job.preempt()
-    job.wait_for_log(r"resumed from \S+ at step \d+")
-    job.wait_for_log(r"step 1[2-9]0 |step 2\d0 ")
-    job.preempt()
-    end = job.wait_end()
+    with slurm_cluster.variant(variant):
+        job = Job(slurm_cluster, tmp_path, train_args(tmp_path / "ckpt", steps=300,
+                                                      step_time=0.05))  # fmt: skip
+        job.wait_for_log(r"step 60 ")
+        job.preempt()
+        job.wait_for_log(r"resumed from \S+ at step \d+")
+        job.wait_for_log(r"step 1[2-9]0 |step 2\d0 ")
+        job.preempt()
+        end = job.wait_end()
 
     log = job.log()
-    print(f"uninterrupted: {reference_digest}\npreempted x2:  "
+    print(f"{variant}: uninterrupted: {reference_digest}\npreempted x2:  "
           f"{ {x['digest'] for x in job.results()} }")  # fmt: skip
     assert end["JobState"] == "COMPLETED", job.batch_log
     assert int(end["Restarts"]) == 2
@@ -127,9 +147,8 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
     assert {x["restart"] for x in results} == {2}
     batch = job.batch_log
     for restart in (0, 1):
-        assert re.search(rf"stopped \(preempted, USR2\) at restart {restart} after its "
-                         rf"checkpoint: requeued \({restart + 1} of 3\)", batch), batch  # fmt: skip
-    assert "(restart 2)" in batch
+        assert re.search(VARIANTS[variant].format(r=restart, n=restart + 1), batch), batch
+    assert "(restart 2)" in batch and "never called slurmddp.should_stop()" not in batch
 
 
 def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, tmp_path,
@@ -208,7 +227,8 @@ def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_pat
     wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
                lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
     text = read(out)
-    assert f"job {job_id} stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in text, text
+    assert (f"job {job_id} stopped (signal, USR2) at restart 0 after its checkpoint: requeued "
+            "(1 of 3)") in text, text
     assert re.search(r"resumed from \S+ at step \d+", text)
     assert job_fields(slurm_cluster, job_id)["Restarts"] == "1"
     assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
@@ -228,5 +248,155 @@ def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path
     job.wait_requeued(1)
     end = job.wait_end()
     assert end["JobState"] == "COMPLETED", job.batch_log
-    assert "stopped (signal USR2) at restart 0 after its checkpoint: requeued" in job.batch_log
+    assert "stopped (signal, USR2) at restart 0 after its checkpoint: requeued" in job.batch_log
     assert {x["digest"] for x in job.results()} == {reference_digest}
+
+
+# -- what users bring: DataLoader workers, scripts that never ask, signals at any moment --------
+
+
+@pytest.mark.parametrize(("variant", "start"), [("standard", "spawn"), ("standard", "forkserver"),
+                                                ("default-signal", "spawn"),
+                                                ("default-signal", "forkserver")])  # fmt: skip
+def test_dataloader_workers_survive_the_preemption_and_the_run_ends_bitwise(
+        slurm_cluster, tmp_path, variant, start, reference_digest):  # fmt: skip
+    # Slurm signals every process of the step: USR2 passed on by srun (standard), or TERM
+    # (default signalling). Workers that died of it would fail every rank.
+    with slurm_cluster.variant(variant):
+        job = Job(slurm_cluster, tmp_path, [*train_args(tmp_path / "ckpt", steps=300,
+                  step_time=0.05), "--workers", "1", "--worker-start", start])  # fmt: skip
+        job.wait_for_log(r"step 60 ")
+        job.preempt()
+        end = job.wait_end()
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", job.batch_log
+    for rank in range(4):
+        assert "DataLoader worker" not in job.log(rank), job.log(rank)
+    assert {x["digest"] for x in job.results()} == {reference_digest}
+
+
+def test_a_stop_signal_during_the_setup_lines_requeues_before_the_step(
+        slurm_cluster, tmp_path, reference_digest):  # fmt: skip
+    job = Job(slurm_cluster, tmp_path, ["--setup", "sleep 6",
+              *train_args(tmp_path / "ckpt", steps=300, step_time=0)])  # fmt: skip
+    wait_until(lambda: "(restart 0)" in job.batch_log, 120, lambda: job.batch_log)
+    slurm_cluster.run(["scancel", "-b", "--signal=USR2", job.id])  # the time limit's warning
+    job.wait_requeued(1)
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    assert "USR2 came before the step started: not starting it" in job.batch_log
+    assert "stopped (signal, USR2, before the step started) at restart 0: requeued" in \
+        job.batch_log
+    assert {x["digest"] for x in job.results()} == {reference_digest}
+
+
+def test_a_stop_signal_while_the_ranks_start_is_taken_at_their_first_step(
+        slurm_cluster, tmp_path, python, reference_digest):  # fmt: skip
+    # A python that takes 5 s to start, as a container or a cold file system can: the signal
+    # arrives before any rank has its handlers.
+    slow = tmp_path / "slow python"
+    slow.write_text(f"#!/bin/bash\nsleep 5\nexec {python} \"$@\"\n")
+    slow.chmod(0o755)
+    job = Job(slurm_cluster, tmp_path, ["--python", str(slow),
+              *train_args(tmp_path / "ckpt", steps=300, step_time=0)])  # fmt: skip
+    wait_until(lambda: (job.folder / job.id / "rank-3.log").exists(), 120, lambda: job.batch_log)
+    slurm_cluster.run(["scancel", "-b", "--signal=USR2", job.id])
+    job.wait_requeued(1)
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    assert re.search(r"stopped at step [12] ", job.log()), job.log()  # at the first agreement
+    assert "User defined signal" not in job.batch_log
+    assert {x["digest"] for x in job.results()} == {reference_digest}
+
+
+OWN = str(ROOT / "tests" / "programs" / "own_checkpoints.py")
+
+
+@pytest.fixture(scope="session")
+def own_reference(slurm_cluster, tmp_path_factory) -> str:
+    tmp = tmp_path_factory.mktemp("own")
+    job = Job(slurm_cluster, tmp, ["--nodes", "2", "--ntasks-per-node", "2", OWN, "--dir",
+                                   str(tmp), "--step-time", "0"])  # fmt: skip
+    assert job.wait_end()["JobState"] == "COMPLETED", job.batch_log
+    return {x["digest"] for x in job.results()}.pop()
+
+
+@pytest.mark.parametrize(("variant", "how"), [("default-signal", "--exit-0-on-term"),
+                                              ("default-signal", "killed-by-term"),
+                                              ("standard", "killed-by-term")])  # fmt: skip
+def test_a_script_that_never_asks_is_requeued_and_resumes_from_its_own_checkpoint(
+        slurm_cluster, tmp_path, variant, how, own_reference):  # fmt: skip
+    # Lightning exits 0 on SIGTERM; most scripts die of it. Neither finished its work.
+    args = ["--nodes", "2", "--ntasks-per-node", "2", OWN, "--dir", str(tmp_path)]
+    with slurm_cluster.variant(variant):
+        job = Job(slurm_cluster, tmp_path, args + ([how] if how.startswith("--") else []))
+        job.wait_for_log(r"step 100")
+        job.preempt()
+        end = job.wait_end()
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", job.batch_log
+    results = job.results()
+    assert {x["digest"] for x in results} == {own_reference}
+    assert {x["start"] for x in results} != {0}  # resumed from its own checkpoint
+    assert job.batch_log.count("never called slurmddp.should_stop()") == 1, job.batch_log
+    assert "finished its work in an earlier run" not in job.batch_log
+
+
+def test_without_our_batch_script_a_term_preemption_requeues_through_rank_0(
+        slurm_cluster, tmp_path, python, reference_digest):  # fmt: skip
+    script = tmp_path / "own.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -p debug -N2 --ntasks-per-node=2 --requeue\n"
+        f"#SBATCH -o {tmp_path}/%j.out --open-mode=append\n"
+        f"srun {python} -m slurmddp.run {TRAIN} --steps 300 --step-time 0.05 --log-every 10 "
+        f"--checkpoint-dir {tmp_path}/ckpt\n"
+    )
+    with slurm_cluster.variant("default-signal"):
+        r = slurm_cluster.run(["sbatch", "--parsable", str(script)], cwd=tmp_path,
+                              env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
+        job_id = r.stdout.strip()
+        out = tmp_path / f"{job_id}.out"
+        wait_until(lambda: "step 30 " in read(out), 120, lambda: f"training:\n{read(out)}")
+        slurm_cluster.run(["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null",
+                           "--wrap", "sleep 2"])  # fmt: skip
+        wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
+                   lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
+    text = read(out)
+    assert f"job {job_id} stopped (preempted, TERM) at restart 0 after its checkpoint: " \
+        "requeued (1 of 3)" in text, text
+    assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
+
+
+# -- scancel and the hard time limit --------------------------------------------------------------
+
+
+def test_scancel_cuts_a_save_longer_than_killwait_and_keeps_the_last_checkpoint(
+        slurm_cluster, tmp_path):  # fmt: skip
+    # KillWait is 5 s here (Slurm's default: 30 s): srun answers scancel's TERM by ending the
+    # step with SIGKILL that long after. A checkpoint that takes longer never lands.
+    job = Job(slurm_cluster, tmp_path, [*train_args(tmp_path / "ckpt", steps=100000,
+              step_time=0.05), "--save-every", "20", "--slow-save", "8"])  # fmt: skip
+    job.wait_for_log(r"step 40 ")
+    sent = time.monotonic()
+    slurm_cluster.run(["scancel", job.id])
+    end = job.wait_end()
+    took = time.monotonic() - sent
+    print(f"scancel to the job's end: {took:.1f} s")
+    assert end["JobState"] == "CANCELLED" and end.get("Restarts", "0") == "0"
+    assert "TERM received" in job.log() and "stopped at step" not in job.log(), job.log()
+    latest = (tmp_path / "ckpt" / "latest").read_text().strip()
+    assert latest.startswith("step-") and int(latest[5:]) % 20 == 0  # the last periodic one
+    assert took < 30
+
+
+def test_scancel_b_usr2_stops_with_all_the_time_the_save_needs(slurm_cluster, tmp_path):
+    # What the README tells users to do instead: the stop signal to the batch shell. With
+    # Requeue=0 the job then ends, for good, after its checkpoint.
+    job = Job(slurm_cluster, tmp_path, [*train_args(tmp_path / "ckpt", steps=100000,
+              step_time=0.05), "--slow-save", "8"])  # fmt: skip
+    job.wait_for_log(r"step 40 ")
+    slurm_cluster.run(["scontrol", "update", f"JobId={job.id}", "Requeue=0"])
+    slurm_cluster.run(["scancel", "-b", "--signal=USR2", job.id])
+    end = job.wait_end()
+    assert (end["JobState"], end["ExitCode"], end["Restarts"]) == ("FAILED", "75:0", "0")
+    stop = int(re.search(r"stopped at step (\d+)", job.log()).group(1))
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == f"step-{stop:08d}"
+    assert "the job is marked not to be requeued (Requeue=0)" in job.batch_log
