@@ -38,6 +38,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 MAX_REQUEUES_VAR = "SLURMDDP_MAX_REQUEUES"
 SIGNAL_LEAD_VAR = "SLURMDDP_SIGNAL_LEAD"
@@ -223,13 +224,13 @@ def requeue_budget(environ: Mapping[str, str]) -> tuple[int, int]:
     return int(restarts), int(allowed)
 
 
-def facts_from(environ: Mapping[str, str], **known: object) -> Facts:
+def facts_from(environ: Mapping[str, str], **known: Any) -> Facts:
     """`Facts` with the job's budget, target, stop signal and lead taken from `environ`."""
     from slurmddp.signals import stop_signal
 
     restart, allowed = requeue_budget(environ)
     lead = environ.get(SIGNAL_LEAD_VAR, "")
-    return Facts(restart=restart, allowed=allowed, target=requeue_target(environ),  # type: ignore[arg-type]
+    return Facts(restart=restart, allowed=allowed, target=requeue_target(environ),
                  stop_signal=stop_signal(environ).name[3:],
                  lead_s=int(lead) if lead.isdigit() else 120, **known)  # fmt: skip
 

@@ -8,31 +8,45 @@ from typing import TextIO
 
 
 class PrefixedStream(io.TextIOBase):
-    """A text stream that writes `prefix` at the start of every line to `target`."""
+    """A text stream that writes `prefix` at the start of every line to `target`.
+
+    Whole lines go to `target` in one write: `print` writes a line's text and its newline
+    separately, and ranks sharing one pipe (torchrun's workers) would split each other's lines
+    between the two. A line without its end yet goes out at `flush`.
+    """
 
     def __init__(self, target: TextIO, prefix: str) -> None:
         self._target = target
         self._prefix = prefix
         self._at_line_start = True
+        self._pending = ""
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if not text:
-            return 0
-        lines = text.splitlines(keepends=True)
+        if text:
+            self._pending += text
+            cut = self._pending.rfind("\n") + 1
+            if cut:
+                self._emit(self._pending[:cut])
+                self._pending = self._pending[cut:]
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = ""
+        self._target.flush()
+
+    def _emit(self, text: str) -> None:
         out = []
-        for line in lines:
+        for line in text.splitlines(keepends=True):
             if self._at_line_start:
                 out.append(self._prefix)
             out.append(line)
             self._at_line_start = line.endswith("\n")
         self._target.write("".join(out))
-        return len(text)
-
-    def flush(self) -> None:
-        self._target.flush()
 
     def isatty(self) -> bool:
         return self._target.isatty()

@@ -24,11 +24,13 @@ Launchers:
 - ``mpirun``: the batch shell runs ``mpirun -np $SLURM_NTASKS``, which finds the allocation
   itself; one log holds every rank's lines, tagged with the rank.
 
-Signals: ``--signal=B:USR2@lead`` (or USR1) warns the batch shell, which passes it on to srun
-(or mpirun), which forwards it to every task (srun 22.05 forwards only USR1 and USR2 unchanged: see
-`slurmddp.jobspec.SIGNALS`). TERM is noted, never forwarded: Slurm sends it to every step itself,
-and srun answers a TERM by killing its step with SIGKILL. After the step, the shell requeues the
-job when rank 0 asked for it (slurmddp.preemption).
+Signals: ``--signal=B:USR2@lead`` (or USR1) warns the batch shell, which leaves it in the job's
+stop file and passes it on to srun (or mpirun), which forwards it to every task (srun 22.05
+forwards only USR1 and USR2 unchanged: see `slurmddp.jobspec.SIGNALS`); each rank starts with it
+ignored (`slurmddp.signals.ignoring`) until its runner takes it. TERM is noted, never forwarded:
+Slurm sends it to every step itself, and srun answers a TERM by killing its step with SIGKILL.
+After the step, the shell asks ``python -m slurmddp.decision`` what happens to the job, from the
+ranks' files and Slurm's record of the job, and carries it out.
 """
 
 from __future__ import annotations

@@ -40,8 +40,6 @@ DEFAULT_SIGNAL = "USR2"
 # Bits of what a process saw: the stop signal, SIGTERM.
 STOP, TERM = 1, 2
 
-_Handler = Callable[[int, Any], Any] | int | None
-
 
 def stop_signal(environ: Mapping[str, str]) -> signal.Signals:
     """The signal that announces preemption or the time limit: ``$SLURMDDP_SIGNAL`` or USR2."""
@@ -75,7 +73,7 @@ class Receiver:
         self.seen = 0  # written by the handlers only
         self.stop: signal.Signals | None = None
         self._term_taken = False
-        self._previous_term: _Handler = None
+        self._previous_term: Callable[[int, Any], Any] | None = None
 
     # -- the stop signal ---------------------------------------------------------------------
 
@@ -211,7 +209,7 @@ def _shielded_start(self: multiprocessing.process.BaseProcess) -> None:
     way; its other children unblock it in their main thread as they unpickle, and so take
     SIGTERM as they would without slurmddp.
     """
-    target = getattr(self, "_target", None)
+    target: Any = getattr(self, "_target", None)
     forkserver = getattr(self, "_start_method", None) == "forkserver"
     if forkserver:
         from multiprocessing import forkserver as server

@@ -13,7 +13,8 @@ this rank's arrival) and its failures are one clear `StartupError`:
 `slurmddp.init` uses it; under ``python -m slurmddp.run`` a script's own
 ``torch.distributed.init_process_group()`` (``env://``, the default) gets it too: the runner
 replaces torch's ``env://`` handler when torch is imported (`install_hook`). Once every rank has
-arrived, the store takes the process group's timeout again, as torch's own handler leaves it.
+arrived, the store takes the process group's timeout again, as torch's own handler leaves it,
+and `slurmddp.coordination` keeps it for what collectives should not do (stop, long waits).
 """
 
 from __future__ import annotations

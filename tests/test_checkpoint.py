@@ -724,19 +724,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(code: str, directory: Path, world: int = 2) -> list[dict]:
+def run_ranks(code: str, directory: Path, world: int = 2, prelude: str = PRELUDE,
+              **env: str) -> list[dict]:  # fmt: skip
     port = str(free_port())
     # gloo's teardown at interpreter exit can abort a rank that has finished its work ("terminate
     # called without an active exception"): leave as slurmddp.run does, with os._exit.
-    program = (PRELUDE + textwrap.dedent(code) + "\nprint('RESULT', json.dumps(out), flush=True)"
+    program = (prelude + textwrap.dedent(code) + "\nprint('RESULT', json.dumps(out), flush=True)"
                "\nos._exit(0)\n")  # fmt: skip
     procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
                                                     MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                                                    CKPT_DIR=str(directory)))
+                                                    CKPT_DIR=str(directory), **env))
              for r in range(world)]  # fmt: skip
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0] * world, outs
     return [json.loads(o.split("RESULT ", 1)[1]) for o, _ in outs]
 
@@ -848,6 +849,7 @@ def test_two_ranks_sharded_plain_tensors_and_fsdp2(tmp_path):
         assert out["fsdp"] == [1, True]
 
 
+# The ranks start through slurmddp.init, so the rendezvous store is known (slurmddp.coordination).
 SLURMDDP_PRELUDE = """
 import datetime, json, os, sys, time, warnings
 import torch, torch.distributed as td
@@ -870,24 +872,8 @@ def slow_on_rank_0(name, seconds):
 """
 
 
-def run_slurmddp_ranks(code: str, directory: Path, world: int = 2, **env: str) -> list[dict]:
-    """`code` on `world` ranks started by slurmddp.init (so the rendezvous store is known)."""
-    port = str(free_port())
-    program = (SLURMDDP_PRELUDE + textwrap.dedent(code)
-               + "\nprint('RESULT', json.dumps(out), flush=True)\nos._exit(0)\n")  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
-                                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                                                    CKPT_DIR=str(directory), **env))
-             for r in range(world)]  # fmt: skip
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0] * world, outs
-    return [json.loads(o.split("RESULT ", 1)[1]) for o, _ in outs]
-
-
 def test_every_rank_loads_the_same_checkpoint_after_an_async_save(tmp_path):
-    results = run_slurmddp_ranks(
+    results = run_ranks(
         """
         c = Checkpointer(D, async_save=True)
         c.save(100, {"w": torch.full((2,), 100.0)})
@@ -897,8 +883,8 @@ def test_every_rank_loads_the_same_checkpoint_after_an_async_save(tmp_path):
         loaded = c.load_latest()  # ...when every rank looks for the latest
         out = {"step": loaded.step, "w": loaded.state["w"].tolist()}
         """,
-        tmp_path,
-    )
+        tmp_path, prelude=SLURMDDP_PRELUDE,
+    )  # fmt: skip
     assert results == [{"step": 200, "w": [200.0, 200.0]}] * 2
 
 
@@ -931,5 +917,5 @@ def test_a_save_or_load_longer_than_the_collective_timeout_completes(tmp_path, w
             out = {"latest": Checkpointer(D).load_latest().step}
             """,
     }[what]
-    results = run_slurmddp_ranks(code, tmp_path, PG_TIMEOUT="2")
+    results = run_ranks(code, tmp_path, prelude=SLURMDDP_PRELUDE, PG_TIMEOUT="2")
     assert results == [{"latest": 1}] * 2

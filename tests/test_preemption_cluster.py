@@ -22,6 +22,8 @@ pytestmark = pytest.mark.cluster
 
 TRAIN = str(ROOT / "examples" / "resumable_train.py")
 LATE = str(ROOT / "tests" / "programs" / "late_signal.py")
+# The preemptor: a job on the higher-tier partition that needs every node.
+URGENT = ["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null", "--wrap", "sleep 2"]
 
 
 def job_fields(cluster, job_id: str) -> dict[str, str]:
@@ -63,8 +65,7 @@ class Job:
     def preempt(self) -> None:
         """Start an exclusive job on urgent over all four nodes; wait until ours was requeued."""
         restarts = int(self.fields()["Restarts"])
-        r = self.cluster.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N4",
-                              "-o", "/dev/null", "--wrap", "sleep 2"])  # fmt: skip
+        r = self.cluster.run([URGENT[0], "--parsable", *URGENT[1:]])
         assert r.returncode == 0, r.stderr
         self.wait_requeued(restarts + 1)
 
@@ -171,8 +172,7 @@ def test_requeues_stop_at_the_limit_with_a_clear_message(slurm_cluster, tmp_path
     job.preempt()
     job.wait_for_log(r"resumed from[^\n]*\nstep \d+ ")
     restarts = int(job.fields()["Restarts"])
-    slurm_cluster.run(["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null",
-                       "--wrap", "sleep 2"])  # fmt: skip
+    slurm_cluster.run(URGENT)
     end = job.wait_end()
     assert (end["JobState"], end["ExitCode"], int(end["Restarts"])) == ("FAILED", "75:0", restarts)
     assert ("at restart 1 after its checkpoint: not requeued, the limit of 1 requeues "
@@ -187,8 +187,7 @@ def test_a_finished_job_is_not_requeued_by_a_late_signal(slurm_cluster, tmp_path
     # Preempted while it finishes: the ranks ignore the signal, Slurm requeues the job anyway,
     # and the next run finds the done marker and ends at once.
     restarts = int(job.fields()["Restarts"])
-    slurm_cluster.run(["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null",
-                       "--wrap", "sleep 2"])  # fmt: skip
+    slurm_cluster.run(URGENT)
     end = job.wait_end()
     assert end["JobState"] == "COMPLETED", job.batch_log
     assert "stopped (" not in job.batch_log and job.log().count("DONE") == 1
@@ -208,9 +207,14 @@ def test_scancel_cancels_and_is_never_requeued(slurm_cluster, tmp_path):
     assert "requeued (" not in job.batch_log
 
 
+@pytest.mark.parametrize(("variant", "stop", "says"), [
+    ("standard", ["scancel", "--signal=USR2"], "stopped (signal, USR2)"),  # every task, no shell
+    ("default-signal", URGENT, "stopped (preempted, TERM)"),  # Slurm's TERM to every task
+])  # fmt: skip
 def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_path, python,
+                                                          variant, stop, says,
                                                           reference_digest):  # fmt: skip
-    # A batch script of the user's own: plain srun, no trap; Slurm signals the steps directly.
+    # A batch script of the user's own: plain srun, no trap; rank 0 asks scontrol and decides.
     script = tmp_path / "own.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH -p debug -N2 --ntasks-per-node=2 --requeue\n"
@@ -218,17 +222,17 @@ def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_pat
         f"srun {python} -m slurmddp.run {TRAIN} --steps 300 --step-time 0.05 --log-every 10 "
         f"--checkpoint-dir {tmp_path}/ckpt\n"
     )
-    r = slurm_cluster.run(["sbatch", "--parsable", str(script)], cwd=tmp_path,
-                          env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
-    job_id = r.stdout.strip()
-    out = tmp_path / f"{job_id}.out"
-    wait_until(lambda: "step 30 " in read(out), 120, lambda: f"training:\n{read(out)}")
-    slurm_cluster.run(["scancel", "--signal=USR2", job_id])  # to every task, no batch shell
-    wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
-               lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
+    with slurm_cluster.variant(variant):
+        r = slurm_cluster.run(["sbatch", "--parsable", str(script)], cwd=tmp_path,
+                              env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
+        job_id = r.stdout.strip()
+        out = tmp_path / f"{job_id}.out"
+        wait_until(lambda: "step 30 " in read(out), 120, lambda: f"training:\n{read(out)}")
+        slurm_cluster.run(stop + ([job_id] if stop[0] == "scancel" else []))
+        wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
+                   lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
     text = read(out)
-    assert (f"job {job_id} stopped (signal, USR2) at restart 0 after its checkpoint: requeued "
-            "(1 of 3)") in text, text
+    assert f"job {job_id} {says} at restart 0 after its checkpoint: requeued (1 of 3)" in text, text
     assert re.search(r"resumed from \S+ at step \d+", text)
     assert job_fields(slurm_cluster, job_id)["Restarts"] == "1"
     assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
@@ -255,8 +259,8 @@ def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path
 # -- what users bring: DataLoader workers, scripts that never ask, signals at any moment --------
 
 
-@pytest.mark.parametrize(("variant", "start"), [("standard", "spawn"), ("standard", "forkserver"),
-                                                ("default-signal", "spawn"),
+# Each start method under each signal once; tests/test_signals.py runs all combinations locally.
+@pytest.mark.parametrize(("variant", "start"), [("standard", "spawn"),
                                                 ("default-signal", "forkserver")])  # fmt: skip
 def test_dataloader_workers_survive_the_preemption_and_the_run_ends_bitwise(
         slurm_cluster, tmp_path, variant, start, reference_digest):  # fmt: skip
@@ -321,8 +325,7 @@ def own_reference(slurm_cluster, tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(("variant", "how"), [("default-signal", "--exit-0-on-term"),
-                                              ("default-signal", "killed-by-term"),
-                                              ("standard", "killed-by-term")])  # fmt: skip
+                                              ("default-signal", "killed-by-term")])  # fmt: skip
 def test_a_script_that_never_asks_is_requeued_and_resumes_from_its_own_checkpoint(
         slurm_cluster, tmp_path, variant, how, own_reference):  # fmt: skip
     # Lightning exits 0 on SIGTERM; most scripts die of it. Neither finished its work.
@@ -338,31 +341,6 @@ def test_a_script_that_never_asks_is_requeued_and_resumes_from_its_own_checkpoin
     assert {x["start"] for x in results} != {0}  # resumed from its own checkpoint
     assert job.batch_log.count("never called slurmddp.should_stop()") == 1, job.batch_log
     assert "finished its work in an earlier run" not in job.batch_log
-
-
-def test_without_our_batch_script_a_term_preemption_requeues_through_rank_0(
-        slurm_cluster, tmp_path, python, reference_digest):  # fmt: skip
-    script = tmp_path / "own.sh"
-    script.write_text(
-        "#!/bin/bash\n#SBATCH -p debug -N2 --ntasks-per-node=2 --requeue\n"
-        f"#SBATCH -o {tmp_path}/%j.out --open-mode=append\n"
-        f"srun {python} -m slurmddp.run {TRAIN} --steps 300 --step-time 0.05 --log-every 10 "
-        f"--checkpoint-dir {tmp_path}/ckpt\n"
-    )
-    with slurm_cluster.variant("default-signal"):
-        r = slurm_cluster.run(["sbatch", "--parsable", str(script)], cwd=tmp_path,
-                              env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
-        job_id = r.stdout.strip()
-        out = tmp_path / f"{job_id}.out"
-        wait_until(lambda: "step 30 " in read(out), 120, lambda: f"training:\n{read(out)}")
-        slurm_cluster.run(["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null",
-                           "--wrap", "sleep 2"])  # fmt: skip
-        wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 300,
-                   lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
-    text = read(out)
-    assert f"job {job_id} stopped (preempted, TERM) at restart 0 after its checkpoint: " \
-        "requeued (1 of 3)" in text, text
-    assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
 
 
 # -- scancel and the hard time limit --------------------------------------------------------------
