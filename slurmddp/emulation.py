@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurmddp import decision, hostlist, preemption, signals
+from slurmddp.env import launcher_variables
 
 LOCAL_HOST = "localhost"
 
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rank = int(os.environ["SUBMITIT_LOCAL_GLOBALID"])
     job_id = os.environ["SUBMITIT_LOCAL_JOB_ID"]
+    # As the batch script does: leftovers of the submitting shell never decide a rank.
+    for name in launcher_variables(os.environ):
+        del os.environ[name]
     for pair in opts.env:
         key, _, value = pair.partition("=")
         os.environ[key] = value

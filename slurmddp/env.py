@@ -170,6 +170,21 @@ _MPI_FAMILIES: Sequence[tuple[str, str, str, str | None, str | None]] = (
     ("Hydra (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
 )  # fmt: skip
 
+# The variables that decide a rank, torchrun's and MPI's. A batch script unsets them (and every
+# TORCHELASTIC_* one) before it starts the ranks: sbatch passes the submitting shell's
+# environment on, and leftovers there (a torchrun tried by hand) must never decide a rank.
+LAUNCHER_VARIABLES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "PMIX_RANK",
+    *(name for family in _MPI_FAMILIES for name in family[1:] if name),
+)  # fmt: skip
+LAUNCHER_PREFIXES = ("TORCHELASTIC_",)
+
+
+def launcher_variables(environ: Mapping[str, str]) -> list[str]:
+    """The names in `environ` that would decide a rank (`LAUNCHER_VARIABLES` and prefixes)."""
+    return [n for n in environ if n in LAUNCHER_VARIABLES or n.startswith(LAUNCHER_PREFIXES)]
+
 
 def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}") -> DistEnv:
     """Resolve this process's distributed placement from `environ` (pure; see module doc).
@@ -243,7 +258,31 @@ def _from_env(v: _Vars) -> _Layout | None:
         if v.has("LOCAL_RANK"):
             raise EnvError("LOCAL_RANK is set but RANK and WORLD_SIZE are not: set all three")
         return None
+    _check_against_the_step(v, *pair)
     return _from_torchrun_names(v, "env", *pair)
+
+
+def _check_against_the_step(v: _Vars, rank: tuple[int, str], size: tuple[int, str]) -> None:
+    """RANK and WORLD_SIZE set by hand inside a Slurm step must be the step's own.
+
+    Left over from a torchrun tried by hand (sbatch and salloc pass the whole environment on),
+    they would make every task the same rank. Under an MPI launcher the step's variables belong
+    to its daemons, not to this process: no check.
+    """
+    if any(v.pair(family[1], family[2]) for family in _MPI_FAMILIES):
+        return
+    try:
+        step = _from_slurm(v)
+    except EnvError:
+        return
+    if step is None or (step.rank[0], step.world_size[0]) == (rank[0], size[0]):
+        return
+    raise EnvError(
+        f"RANK={rank[0]} and WORLD_SIZE={size[0]} are set, but this process is task "
+        f"{step.rank[0]} of {step.world_size[0]} of a Slurm step ({step.rank[1]}, "
+        f"{step.world_size[1]}): they are left over from another launch (torchrun by hand?); "
+        f"unset {' '.join(LAUNCHER_VARIABLES[:4])} and the other torchrun variables before srun"
+    )
 
 
 def _from_torchrun_names(

@@ -12,8 +12,11 @@ from slurmddp.env import DistEnv
 _placement: placement.Placement | None = None
 
 
+BACKEND_VAR = "SLURMDDP_BACKEND"
+
+
 def init(
-    backend: str = "auto",
+    backend: str | None = None,
     timeout: float | datetime.timedelta | None = None,
     *,
     master_host_format: str | None = None,
@@ -23,7 +26,9 @@ def init(
 
     Also installs the stop-signal handlers of `slurmddp.should_stop`.
 
-    `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi. `timeout` (seconds or a
+    `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi; by default the one the job
+    was submitted with (``slurmddp submit --backend``, exported as $SLURMDDP_BACKEND), else auto.
+    `timeout` (seconds or a
     timedelta) bounds every collective, and start-up when shorter; None keeps torch's default
     (30 minutes on gloo, 10 on nccl). `startup_timeout` (seconds, default
     $SLURMDDP_STARTUP_TIMEOUT or 300) bounds the wait for every rank to join; its failure is a
@@ -41,6 +46,13 @@ def init(
     if td.is_initialized():
         return dist
 
+    if backend is None:
+        backend = os.environ.get(BACKEND_VAR) or "auto"
+        if backend not in placement.BACKENDS:
+            raise placement.PlacementError(
+                f"{BACKEND_VAR}={backend!r} is not a backend: use one of "
+                f"{', '.join(placement.BACKENDS)} (slurmddp submit --backend)"
+            )
     chosen = placement.choose(
         backend,
         local_rank=dist.local_rank,

@@ -38,7 +38,9 @@ from __future__ import annotations
 import dataclasses
 
 from slurmddp import decision, preemption, signals, templating
+from slurmddp.env import LAUNCHER_PREFIXES, LAUNCHER_VARIABLES
 from slurmddp.jobspec import JobSpec, validate
+from slurmddp.process_group import BACKEND_VAR
 from slurmddp.run import FAILURE_FILE_VARIABLE
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
@@ -85,7 +87,16 @@ def context(spec: JobSpec) -> dict[str, object]:
         "fixed_nodes": spec.nodes_min == spec.nodes_max,
         "nproc_per_node": spec.ntasks_per_node,
         "state_files": STATE_FILES,
+        # What the ranks read: the backend init() takes by default, the stop protocol's settings.
+        "protocol_env": (
+            (BACKEND_VAR, spec.backend),
+            (signals.SIGNAL_VAR, spec.signal),
+            (decision.SIGNAL_LEAD_VAR, spec.signal_lead),
+            (decision.MAX_REQUEUES_VAR, spec.max_requeues if spec.requeue else 0),
+        ),
         "rank_prefix": signals.ignoring(spec.signal),
         "not_requeued_status": decision.NOT_REQUEUED_STATUS,
         "srun_settle_s": SRUN_SETTLE_S,
+        "launcher_variables": LAUNCHER_VARIABLES,
+        "launcher_prefixes": LAUNCHER_PREFIXES,
     }

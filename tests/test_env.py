@@ -169,6 +169,35 @@ def test_hand_set_env_variables_are_launcher_env():
     assert d.launcher == "env"
 
 
+LEFTOVERS = {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "localhost"}  # a torchrun by hand
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_leftover_torchrun_variables_that_contradict_the_step_are_refused(rank):
+    # An salloc shell with them exported, then srun python -m slurmddp.run: every task would be
+    # rank 0 and rendezvous at localhost.
+    with pytest.raises(EnvError) as e:
+        resolve(srun_env(rank, [2, 2]) | LEFTOVERS)
+    message = str(e.value)
+    assert "\n" not in message
+    assert (f"RANK=0 and WORLD_SIZE=4 are set, but this process is task {rank} of 4 of a Slurm "
+            "step (SLURM_PROCID, SLURM_STEP_NUM_TASKS)") in message  # fmt: skip
+    assert "left over from another launch" in message and "unset RANK WORLD_SIZE" in message
+
+
+def test_torchrun_variables_that_agree_with_the_step_are_fine():
+    # Task 0 with the leftovers agrees by chance; a child of a bootstrapped rank agrees by design.
+    assert resolve(srun_env(0, [2, 2]) | LEFTOVERS).rank == 0
+    first = resolve(srun_env(3, [2, 2]))
+    assert resolve(srun_env(3, [2, 2]) | first.torchrun_env()).rank == 3
+
+
+def test_under_mpirun_the_step_of_its_daemons_is_not_held_against_rank_variables():
+    env = srun_env(0, [1, 1]) | {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+                                 "RANK": "3", "WORLD_SIZE": "4"}  # fmt: skip
+    assert resolve(env).rank == 3
+
+
 def test_exported_variables_resolve_to_the_same_place():
     # A child of a bootstrapped rank sees the exported torchrun names: same answer.
     first = resolve(srun_env(5, [4, 2, 1, 1]))

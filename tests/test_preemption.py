@@ -146,12 +146,13 @@ def test_a_failing_scontrol_requeue_ends_the_job_non_zero(tmp_path):
 def test_requeue_waits_for_an_asynchronous_save_in_flight(tmp_path):
     requeue = tmp_path / "requeue"
     r = run_python(f"""
-        import os, signal, torch, slurmddp
+        import os, signal, time, torch, slurmddp
         from slurmddp import preemption
         preemption.install()
         ckpt = slurmddp.Checkpointer({str(tmp_path / "ckpt")!r}, async_save=True)
         ckpt.save(7, {{"w": torch.rand(64 << 20)}})  # 256 MiB: still being written on return
         os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.1)  # taken by the signal thread, then by the main thread's handler
         assert slurmddp.should_stop()
         slurmddp.requeue()
         """, SLURM_JOB_ID="7", SLURMDDP_REQUEUE_FILE=str(requeue))  # fmt: skip

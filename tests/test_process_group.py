@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from tests.conftest import launcher_free_env
 
 
@@ -80,6 +82,28 @@ def test_nccl_without_a_gpu_is_a_clear_error():
     )
     assert r.returncode == 0, r.stderr
     assert "ERR backend nccl needs a CUDA GPU and none is visible: use gloo" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("submitted", "call", "expected"),
+    [("gloo", "slurmddp.init()", "gloo"),
+     ("mpi", "slurmddp.init()", "ERR this torch build has no MPI backend"),  # so it was read
+     ("mpi", "slurmddp.init('gloo')", "gloo"),  # an explicit backend wins
+     ("bogus", "slurmddp.init()", "ERR SLURMDDP_BACKEND='bogus' is not a backend: use one of "
+                                  "auto, nccl, gloo, mpi (slurmddp submit --backend)")],
+)  # fmt: skip
+def test_init_takes_the_backend_the_job_was_submitted_with(submitted, call, expected):
+    r = run_python(f"""
+        import slurmddp, torch.distributed as td
+        from slurmddp.placement import PlacementError
+        try:
+            {call}
+            print(td.get_backend())
+        except PlacementError as e:
+            print("ERR", e)
+        """, SLURMDDP_BACKEND=submitted)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(expected), r.stdout
 
 
 def test_doctor_check_on_a_single_process():

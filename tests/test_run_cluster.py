@@ -133,3 +133,12 @@ def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, pyt
     check_probes(probes, 4, NODES[:2])
     assert {p["env"]["OMPI_COMM_WORLD_RANK"] for p in probes} == {"0", "1", "2", "3"}
     assert "4 ranks, 2 nodes, backend gloo, launcher mpi" in text and "all checks passed" in text
+
+
+def test_launcher_variables_left_in_an_salloc_shell_are_named_in_one_line(slurm_cluster, python):
+    # RANK and WORLD_SIZE exported by hand (a torchrun tried earlier) contradict the step.
+    env = slurm_cluster.env(RANK="0", WORLD_SIZE="4", MASTER_ADDR="localhost")
+    r = slurm_cluster.srun(["-N2", "-n4"], [python, "-m", "slurmddp.run", PROBE], env=env)
+    assert r.returncode != 0
+    assert "are set, but this process is task" in r.stderr, r.stderr
+    assert "left over from another launch" in r.stderr and "Traceback" not in r.stderr

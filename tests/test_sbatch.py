@@ -293,6 +293,26 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
         assert not list(fakes.rglob("pwned")), "an injected command ran"
 
 
+def test_launcher_variables_of_the_submitting_shell_never_reach_the_ranks(fakes, tmp_path):
+    # sbatch passes the submitting shell's environment on; a torchrun tried by hand left these.
+    spec = dataclasses.replace(BASE, output_dir=str(tmp_path / "out"), env=(("MASTER_PORT",
+                               "23456"),), python=str(fakes / "py $(touch pwned) 'q' `id`" /
+                               "python"))  # fmt: skip
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(spec))
+    leftovers = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost",
+                 "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x",
+                 "TORCHELASTIC_RESTART_COUNT": "2", "OMPI_COMM_WORLD_RANK": "3", "PMI_RANK": "1"}
+    env = {"PATH": f"{fakes / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "RECORD": str(tmp_path / "record.json"),
+           "SRUN_RECORD": str(tmp_path / "srun.argv"), **leftovers}  # fmt: skip
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads((tmp_path / "record.json").read_text())["env"]
+    assert not (set(leftovers) - {"MASTER_PORT"}) & set(seen), seen
+    assert seen["MASTER_PORT"] == "23456"  # --env is the way to set one
+
+
 def test_a_step_that_fails_at_once_fails_the_job(fakes, tmp_path):
     # The step may be gone (and reaped by bash) before the shell first checks on it; its status
     # must still count. BASH_ENV holds the shell back just after it starts the step.

@@ -61,6 +61,41 @@ def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp
     assert local_digests == {results[0]["digest"]}
 
 
+@pytest.mark.parametrize("where", ["cluster", "local"])
+def test_launcher_variables_left_in_the_submitting_shell_never_decide_a_rank(slurm_cluster,
+                                                                            tmp_path, where):
+    # sbatch (and submitit's local executor) pass the submitting shell's environment on.
+    env = slurm_cluster.env(XDG_STATE_HOME=str(tmp_path / "state"), RANK="0", WORLD_SIZE="4",
+                            MASTER_ADDR="localhost", TORCHELASTIC_RUN_ID="left-over")
+    r = subprocess.run([sys.executable, "-m", "slurmddp", "submit", "--follow", "--json",
+                        *(["--local"] if where == "local" else []), "--nodes", "2",
+                        "--ntasks-per-node", "2", TRAIN, "--steps", "6"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = submitted(r)
+    if where == "cluster":
+        ranks = [x["rank"] for x in rank_results(job)]
+    else:
+        logs = Path(job["job_dir"]).glob(f"{job['job_id']}_*_log.out")
+        ranks = [x["rank"] for p in logs for x in tagged_json(p.read_text(), "RESULT ")]
+    assert sorted(ranks) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_the_submitted_backend_is_the_default_of_init(slurm_cluster, tmp_path, backend):
+    script = tmp_path / "which.py"
+    script.write_text("import slurmddp, torch.distributed as td\nslurmddp.init()\n"
+                      "print('BACKEND', td.get_backend(), flush=True)\n")  # fmt: skip
+    r = slurmddp(slurm_cluster, "submit", "--follow", "--json", "--nodes", "1",
+                 "--ntasks-per-node", "2", "--backend", backend, str(script), cwd=tmp_path)
+    job = submitted(r)
+    log = (Path(job["job_dir"]) / job["job_id"] / "rank-0.log").read_text()
+    if backend == "gloo":
+        assert r.returncode == 0 and "BACKEND gloo" in log, r.stdout + log
+    else:  # this torch has no MPI backend: init() tried the one submitted, and says so
+        assert "this torch build has no MPI backend" in log, log
+
+
 def test_submit_with_torchrun_launcher(slurm_cluster, tmp_path):
     argv = [
         "--follow",

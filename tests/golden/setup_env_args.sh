@@ -14,10 +14,16 @@
 #   <output dir>/<job id>.batch.log        this shell: setup, srun's own messages
 #   <output dir>/<job id>/rank-<rank>.log   each rank's output
 
+# sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
+# tried by hand) must not decide the ranks. --env values are exported after the setup lines.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
+for name in ${!TORCHELASTIC_@}; do unset "$name"; done
+
 # The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
 # rank 0 leaves the reason in the requeue file, and after the step this shell decides from what
 # Slurm records about the job (slurmddp.decision) whether to requeue it: the ranks need no Slurm
 # tools (they may run in a container).
+export SLURMDDP_BACKEND=auto
 export SLURMDDP_SIGNAL=USR2
 export SLURMDDP_SIGNAL_LEAD=120
 export SLURMDDP_MAX_REQUEUES=3
@@ -79,7 +85,6 @@ export NCCL_DEBUG=INFO
 export GREETING='say "hi"; echo `id` $(id) $HOME'
 export MULTILINE='one
 two'
-export SLURMDDP_BACKEND=auto
 
 # srun's own messages land in this shell's log (appended to across runs): where this run's begin.
 batch_log=$(readlink -- "/proc/$$/fd/1" 2>/dev/null) || batch_log=

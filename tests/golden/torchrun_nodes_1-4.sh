@@ -15,10 +15,16 @@
 #   <output dir>/<job id>/node-<node>.log   each node's torchrun, lines tagged [rank/world size]
 #                                           (torchrun's rendezvous decides which ranks a node runs)
 
+# sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
+# tried by hand) must not decide the ranks. --env values are exported after the setup lines.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
+for name in ${!TORCHELASTIC_@}; do unset "$name"; done
+
 # The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
 # rank 0 leaves the reason in the requeue file, and after the step this shell decides from what
 # Slurm records about the job (slurmddp.decision) whether to requeue it: the ranks need no Slurm
 # tools (they may run in a container).
+export SLURMDDP_BACKEND=auto
 export SLURMDDP_SIGNAL=USR2
 export SLURMDDP_SIGNAL_LEAD=300
 export SLURMDDP_MAX_REQUEUES=3
@@ -72,7 +78,6 @@ trap on_term TERM
 
 set -u  # from here on every variable is ours, and every status is handled by hand
 
-export SLURMDDP_BACKEND=auto
 # torchrun's rendezvous runs on the allocation's first node.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 if [[ -z $head_node ]]; then
