@@ -125,7 +125,7 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
                                                             reference_digest):  # fmt: skip
     with slurm_cluster.variant(variant):
         job = Job(slurm_cluster, tmp_path, train_args(tmp_path / "ckpt", steps=300,
-                                                      step_time=0.05))  # fmt: skip
+                                                      step_time=0.03))  # fmt: skip
         job.wait_for_log(r"step 60 ")
         job.preempt()
         job.wait_for_log(r"resumed from \S+ at step \d+")
@@ -268,7 +268,7 @@ def test_dataloader_workers_survive_the_preemption_and_the_run_ends_bitwise(
     # (default signalling). Workers that died of it would fail every rank.
     with slurm_cluster.variant(variant):
         job = Job(slurm_cluster, tmp_path, [*train_args(tmp_path / "ckpt", steps=300,
-                  step_time=0.05), "--workers", "1", "--worker-start", start])  # fmt: skip
+                  step_time=0.03), "--workers", "1", "--worker-start", start])  # fmt: skip
         job.wait_for_log(r"step 60 ")
         job.preempt()
         end = job.wait_end()
