@@ -8,6 +8,7 @@ from pathlib import Path
 from benchmarks import (
     checkpoint_write,
     cli_latency,
+    cpu_threads,
     first_collective,
     hostlist_speed,
     preemption_turnaround,
@@ -20,6 +21,7 @@ BENCHMARKS = {
     "startup": lambda o: first_collective.run(o.repeats),
     "cli": lambda o: cli_latency.run(max(o.repeats, 5)),
     "training": lambda o: training_overhead.run(2000, o.repeats),
+    "threads": lambda o: cpu_threads.run(300, o.repeats),
     "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),

@@ -1,4 +1,5 @@
-"""The one side effect of start-up: resolve this process's place once and export it.
+"""The one side effect of start-up: resolve this process's place once and export it (with the
+CPU threads it should run, `slurmddp.placement.cpu_threads`).
 
 Both `python -m slurmddp.run` and `slurmddp.init()` go through `bootstrap`, so a script started by
 the runner that also calls `init()` resolves once and sees the same answer.
@@ -7,9 +8,11 @@ the runner that also calls `init()` resolves once and sees the same answer.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import MutableMapping
 
 from slurmddp.env import DistEnv, MasterUnknown, resolve
+from slurmddp.placement import THREADS_VAR, cpu_threads
 
 MASTER_HOST_FORMAT_VAR = "SLURMDDP_MASTER_HOST_FORMAT"
 
@@ -41,8 +44,21 @@ def bootstrap(
             env["MASTER_PORT"] = str(port)
         dist = resolve(env, master_host_format=fmt)
     env.update(dist.torchrun_env())
+    _set_threads(env, dist)
     _current = dist
     return dist
+
+
+def _set_threads(env: MutableMapping[str, str], dist: DistEnv) -> None:
+    """Export OMP_NUM_THREADS unless the user set it (`slurmddp.placement.cpu_threads`)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    threads = cpu_threads(env, usable or (os.cpu_count() or 1), os.cpu_count() or 1,
+                          dist.local_world_size)  # fmt: skip
+    if threads is None:
+        return
+    env[THREADS_VAR] = str(threads[0])
+    if "torch" in sys.modules:  # already loaded: OpenMP read the variable then
+        sys.modules["torch"].set_num_threads(threads[0])
 
 
 def current() -> DistEnv | None:

@@ -9,6 +9,7 @@ import pytest
 from benchmarks import (
     checkpoint_write,
     cli_latency,
+    cpu_threads,
     first_collective,
     hostlist_speed,
     preemption_turnaround,
@@ -60,3 +61,8 @@ def test_preemption_turnaround(slurm_cluster):
 @pytest.mark.cluster
 def test_first_collective(slurm_cluster):
     check(first_collective.run(repeats=1))
+
+
+@pytest.mark.cluster
+def test_cpu_threads(slurm_cluster):
+    check(cpu_threads.run(steps=20, repeats=1))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.placement import Placement, PlacementError, choose
+from slurmddp.placement import Placement, PlacementError, choose, cpu_threads
 
 
 def pick(requested="auto", *, local_rank=0, local_world=1, gpus=0, visible=None, nccl=True,
@@ -60,3 +60,19 @@ def test_impossible_requests_say_what_to_do(kwargs, message):
 def test_cuda_index():
     assert pick(gpus=4, local_rank=2, local_world=4).cuda_index == 2
     assert pick().cuda_index is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "usable", "all_cpus", "local", "expected"),
+    [
+        ({"OMP_NUM_THREADS": "3"}, 8, 8, 2, None),  # the user said
+        ({"SLURM_CPUS_PER_TASK": "6"}, 64, 64, 8, (6, "SLURM_CPUS_PER_TASK")),
+        ({}, 4, 64, 8, (4, "the CPUs this task is bound to")),  # task/affinity, cgroups
+        ({}, 64, 64, 8, (8, "64 CPUs shared by 8 ranks on the node")),
+        ({}, 2, 2, 4, (1, "2 CPUs shared by 4 ranks on the node")),  # never 0
+        ({"SLURM_CPUS_PER_TASK": "x"}, 8, 8, 1, (8, "8 CPUs shared by 1 ranks on the node")),
+    ],
+    ids=["user", "cpus-per-task", "bound", "shared", "oversubscribed", "garbage"],
+)  # fmt: skip
+def test_cpu_threads_follow_what_the_rank_was_given(environ, usable, all_cpus, local, expected):
+    assert cpu_threads(environ, usable, all_cpus, local) == expected

@@ -215,3 +215,16 @@ def test_a_rank_that_reaches_another_jobs_rendezvous_refuses_it():
     assert float(took) < 5, out
     assert message.startswith(f"the rendezvous at 127.0.0.1:{port} belongs to another job (11): "
                               "this job's MASTER_PORT is taken there"), out  # fmt: skip
+
+
+def test_init_after_importing_torch_still_sets_the_ranks_threads():
+    # OpenMP read OMP_NUM_THREADS when torch was imported: init() sets the count itself.
+    r = run_python("""
+        import torch, slurmddp
+        before = torch.get_num_threads()
+        slurmddp.init("gloo")
+        print(before, torch.get_num_threads())
+        """, SLURM_CPUS_PER_TASK="1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    before, after = r.stdout.split()
+    assert after == "1" and int(before) >= 1

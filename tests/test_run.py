@@ -64,6 +64,23 @@ def test_exports_torchrun_names_and_runs_the_script_as_main(show):
     assert out["torch_imported"] is False, "the runner must not import torch for the script"
 
 
+THREADS = 'import os, torch; print(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())\n'
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({}, "1 1"),  # this machine's CPUs shared by the node's 2 (or more) ranks
+    ({"SLURM_CPUS_PER_TASK": "2"}, "2 2"),  # what srun --cpus-per-task gave the task
+    ({"OMP_NUM_THREADS": "2"}, "2 2"),  # the user's own setting stays
+])  # fmt: skip
+def test_each_rank_runs_the_threads_it_was_given(tmp_path, extra, expected):
+    p = tmp_path / "threads.py"
+    p.write_text(THREADS)
+    tasks = [os.cpu_count() or 1, 1]  # as many ranks on this node as it has CPUs
+    r = run([str(p)], clean_env(**srun_env(0, tasks), **extra))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expected
+
+
 HOSTILE = ["a b", "it's", '"q"', "$(touch pwned)", "`id`", "x;y", "new\nline", "é✓", "", "--"]
 
 
