@@ -22,7 +22,7 @@ BENCHMARKS = {
     "cli": lambda o: cli_latency.run(max(o.repeats, 5)),
     "training": lambda o: training_overhead.run(2000, o.repeats),
     "threads": lambda o: cpu_threads.run(300, o.repeats),
-    "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats),
+    "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats, device=o.device),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
     "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
@@ -35,6 +35,7 @@ def main() -> None:
                    help=f"which to run: {', '.join(BENCHMARKS)} (default: all)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--size-mib", type=int, default=1024, help="checkpoint size")
+    p.add_argument("--device", default="cpu", help="checkpoint: where the state lives, cpu or cuda")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results.json"))
     opts = p.parse_args()
     rows = [row for name in (opts.names or BENCHMARKS) for row in BENCHMARKS[name](opts)]

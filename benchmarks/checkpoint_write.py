@@ -1,6 +1,7 @@
 """Checkpoint write throughput against ``dd conv=fsync``, and the stall of an asynchronous save.
 
     python -m benchmarks.checkpoint_write [--size-mib 1024] [--repeats 3] [--dir DIR]
+                                          [--device cuda]
 
 `Checkpointer.save` (one process, replicated mode) writes, fsyncs, checksums (crc32) and publishes
 a state of the given size; the baseline is ``dd if=/dev/zero bs=16M conv=fsync`` of as many bytes
@@ -24,7 +25,9 @@ from benchmarks.table import Row, alternate, report, timed
 MIB = 1 << 20
 
 
-def run(size_mib: int = 1024, repeats: int = 3, directory: str | None = None) -> list[Row]:
+def run(size_mib: int = 1024, repeats: int = 3, directory: str | None = None,
+        device: str = "cpu") -> list[Row]:
+    """`device` "cuda" keeps the state in GPU memory, as a model's is: each save copies it out."""
     import torch
 
     from slurmddp.checkpoint import Checkpointer
@@ -33,7 +36,8 @@ def run(size_mib: int = 1024, repeats: int = 3, directory: str | None = None) ->
     try:
         # Several tensors, as a model's state has; random so that nothing compresses it.
         chunks = 8
-        state = {f"layer{i}": torch.rand(size_mib * MIB // 4 // chunks) for i in range(chunks)}
+        state = {f"layer{i}": torch.rand(size_mib * MIB // 4 // chunks, device=device)
+                 for i in range(chunks)}
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         sync = Checkpointer(root / "sync", keep=1)
         asynchronous = Checkpointer(root / "async", keep=1, async_save=True)
@@ -71,11 +75,13 @@ def run(size_mib: int = 1024, repeats: int = 3, directory: str | None = None) ->
     finally:
         shutil.rmtree(root, ignore_errors=True)
     gib = nbytes / (1 << 30)
+    source, work = ("", "") if device == "cpu" else (" from GPU memory", "copy, ")
     return [
-        Row("checkpoint", f"write throughput, {gib:.2f} GiB (write, fsync, crc32, publish)",
-            gib / medians["save"], gib / medians["dd"], "GiB/s", "dd bs=16M conv=fsync", ">= 0.8"),
-        Row("checkpoint", "training stall of a save", medians["async"], medians["save"], "s",
-            "synchronous save", "< 1"),
+        Row("checkpoint", f"write throughput{source}, {gib:.2f} GiB ({work}write, fsync, crc32, "
+            f"publish)", gib / medians["save"], gib / medians["dd"], "GiB/s",
+            "dd bs=16M conv=fsync", ">= 0.8"),
+        Row("checkpoint", f"training stall of a save{source}", medians["async"], medians["save"],
+            "s", "synchronous save", "< 1"),
     ]  # fmt: skip
 
 
@@ -84,9 +90,10 @@ def main() -> None:
     p.add_argument("--size-mib", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", help="where to write (default: the temporary directory)")
+    p.add_argument("--device", default="cpu", help="where the state lives: cpu or cuda")
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
-    rows = run(opts.size_mib, opts.repeats, opts.dir)
+    rows = run(opts.size_mib, opts.repeats, opts.dir, opts.device)
     report(rows, opts.json)
 
 

@@ -25,24 +25,35 @@ class Placement:
         return int(self.device.split(":")[1]) if self.device.startswith("cuda") else None
 
 
+# Where a launcher lists the GPUs a task may use: NVIDIA's, then AMD's (Slurm's rsmi
+# autodetection sets ROCR_VISIBLE_DEVICES; a ROCm torch still answers through torch.cuda).
+VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+GPUS_PER_TASK_VAR = "SLURM_GPUS_PER_TASK"
+
+
 def choose(
     requested: str,
     *,
     local_rank: int,
     local_world_size: int,
     cuda_device_count: int,
-    cuda_visible_devices: str | None,
+    environ: Mapping[str, str],
     nccl_available: bool,
     mpi_available: bool,
 ) -> Placement:
     """Pick the process-group backend and this rank's device.
 
-    The device is the GPU of the local rank, or the only visible GPU when Slurm (or the user)
-    bound one per task through CUDA_VISIBLE_DEVICES. `auto` means nccl on a GPU, gloo on CPU.
+    `cuda_device_count` is what torch sees, `environ` says how the launcher bound GPUs to the
+    task (`gpu_index`). `auto` means nccl on a GPU, gloo on CPU. Two ranks that end up on one
+    GPU are found at the rendezvous, by the GPU's UUID (`slurmddp.startup`).
     """
     if requested not in BACKENDS:
         raise PlacementError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)}")
-    device, reason = _device(local_rank, local_world_size, cuda_device_count, cuda_visible_devices)
+    if cuda_device_count <= 0:
+        device, reason = "cpu", "no CUDA device visible"
+    else:
+        index, reason = gpu_index(local_rank, cuda_device_count, environ)
+        device = f"cuda:{index}"
 
     if requested == "mpi":
         if not mpi_available:
@@ -62,34 +73,39 @@ def choose(
         if requested == "nccl":
             raise PlacementError("this torch build has no NCCL: use gloo")
         return Placement("gloo", device, reason + "; auto: gloo (torch has no NCCL)")
-    if cuda_device_count == 1 and local_world_size > 1 and not _single(cuda_visible_devices):
-        raise PlacementError(
-            f"{local_world_size} ranks on this node share one GPU and NCCL needs one GPU per "
-            "rank: request a GPU per task (--gpus-per-node) or use gloo"
-        )
     why = "; auto: nccl on GPU" if requested == "auto" else ""
     return Placement("nccl", device, reason + why)
 
 
-def _device(
-    local_rank: int, local_world_size: int, count: int, visible: str | None
-) -> tuple[str, str]:
-    if count <= 0:
-        return "cpu", "no CUDA device visible"
+def gpu_index(local_rank: int, count: int, environ: Mapping[str, str]) -> tuple[int, str]:
+    """Which of the `count` GPUs this task sees is its own, and why.
+
+    - ``--gpus-per-task=N`` (Slurm binds each task to its N GPUs): the first of them.
+    - at least one GPU per rank of the node visible: the local rank's.
+    - fewer (``--gpu-bind=closest``: the tasks of a socket share its GPUs; cgroup-constrained
+      devices, where every task sees ``0``): the local rank's place among them, modulo.
+    """
+    named = next(((v, environ[v]) for v in VISIBLE_VARS if environ.get(v, "").strip()), None)
+    bound = f" ({named[0]}={named[1]})" if named else ""
+    per_task = _positive(environ.get(GPUS_PER_TASK_VAR))
+    if per_task is not None and count >= per_task:
+        first = local_rank * per_task if count >= (local_rank + 1) * per_task else 0
+        return first, (f"the first of this task's {per_task} GPUs ({GPUS_PER_TASK_VAR}="
+                       f"{per_task}){bound}")  # fmt: skip
     if count == 1:
-        if _single(visible):
-            return "cuda:0", f"the one GPU bound to this task (CUDA_VISIBLE_DEVICES={visible})"
-        return "cuda:0", "the only GPU"
-    if local_rank >= count:
-        raise PlacementError(
-            f"local rank {local_rank} has no GPU: only {count} visible "
-            f"(CUDA_VISIBLE_DEVICES={visible!r}); start at most {count} tasks per node"
-        )
-    return f"cuda:{local_rank}", f"GPU of local rank {local_rank} of {count} visible"
+        return 0, f"the one GPU this task sees{bound}"
+    if local_rank < count:
+        return local_rank, f"GPU of local rank {local_rank} of {count} visible{bound}"
+    return local_rank % count, (f"local rank {local_rank} modulo the {count} GPUs this task "
+                                f"sees{bound}")  # fmt: skip
 
 
-def _single(visible: str | None) -> bool:
-    return visible is not None and len([d for d in visible.split(",") if d.strip()]) == 1
+def _positive(text: str | None) -> int | None:
+    try:
+        value = int(text or "")
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 THREADS_VAR = "OMP_NUM_THREADS"

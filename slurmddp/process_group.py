@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 from slurmddp import placement, preemption, startup
 from slurmddp.bootstrap import bootstrap
@@ -58,7 +59,7 @@ def init(
         local_rank=dist.local_rank,
         local_world_size=dist.local_world_size,
         cuda_device_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        environ=os.environ,
         nccl_available=td.is_nccl_available(),
         mpi_available=td.is_mpi_available(),
     )
@@ -80,7 +81,8 @@ def init(
         td.init_process_group("mpi", **kwargs)  # MPI knows rank and size itself
         return dist
     startup.patch()
-    with startup.limited(startup_timeout):
+    gpu = _uuid(torch, chosen.cuda_index) if chosen.backend == "nccl" else None
+    with startup.limited(startup_timeout, gpu=gpu):
         td.init_process_group(
             chosen.backend,
             init_method="env://",
@@ -89,6 +91,14 @@ def init(
             **kwargs,
         )
     return dist
+
+
+def _uuid(torch: Any, index: int | None) -> str | None:
+    """The GPU's UUID as nvidia-smi -L writes it (a MIG instance's own under MIG)."""
+    if index is None:
+        return None
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return None if uuid is None else f"GPU-{uuid}"
 
 
 def device() -> str:

@@ -40,6 +40,7 @@ _RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
 _PATCHED = "_slurmddp_startup"  # marks our handler, so that patching twice is harmless
 
 _override_s: float | None = None  # `slurmddp.init(startup_timeout=...)`, for its one call
+_gpu: str | None = None  # the UUID of the GPU `slurmddp.init` gave this rank, for its one call
 _generation = 0  # each rendezvous of this process joins under its own keys
 
 
@@ -64,14 +65,15 @@ def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
 
 
 @contextlib.contextmanager
-def limited(seconds: float | None) -> Iterator[None]:
-    """Within the block, `startup_timeout` is `seconds` (None: as the environment says)."""
-    global _override_s
-    _override_s = seconds
+def limited(seconds: float | None, gpu: str | None = None) -> Iterator[None]:
+    """Within the block, `startup_timeout` is `seconds` (None: as the environment says), and the
+    rendezvous refuses to start NCCL where another rank holds this rank's GPU (UUID `gpu`)."""
+    global _override_s, _gpu
+    _override_s, _gpu = seconds, gpu
     try:
         yield
     finally:
-        _override_s = None
+        _override_s = _gpu = None
 
 
 def host_name() -> str:
@@ -84,10 +86,14 @@ def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
     return shown + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
 
 
-def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str) -> None:
+def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str,
+         gpu: str | None = None) -> None:  # fmt: skip
     """Wait until all `world_size` ranks have joined through `store`, or raise `StartupError`.
 
     One counter and one "all here" key: each rank waits on a single key whatever the world size.
+    With `gpu` (a GPU's UUID, unique across nodes) every rank claims its GPU first; if two claim
+    the same one, all of them raise the same `StartupError` once everyone has arrived, before
+    NCCL refuses it with "Duplicate GPU detected" (or hangs).
     """
     global _generation
     _generation += 1
@@ -96,9 +102,13 @@ def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str) -
     try:
         _check_owner(store, rank, limit, where)
         store.set(f"{prefix}{rank}", host_name())  # only read to name the missing ranks
+        if gpu is not None:
+            _claim(store, prefix, rank, gpu)
         if store.add(f"{prefix}count", 1) == world_size:
             store.set(f"{prefix}all", "1")
         store.wait([f"{prefix}all"], limit)
+        if gpu is not None and store.check([f"{prefix}shared-gpu"]):
+            raise StartupError(store.get(f"{prefix}shared-gpu").decode("utf-8", "replace"))
         return
     except RuntimeError as e:  # torch's DistError (a timeout) or a lost connection
         if isinstance(e, StartupError):
@@ -124,6 +134,18 @@ def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str) -
         f"process group (see its log), or its node is slow: raise {TIMEOUT_VARIABLE} if start-up "
         "takes longer"
     )
+
+
+def _claim(store: Any, prefix: str, rank: int, gpu: str) -> None:
+    """Take GPU `gpu` for `rank`; where another rank holds it, leave the message for all."""
+    me = f"{rank} on {socket.gethostname()}"
+    holder = store.compare_set(f"{prefix}gpu/{gpu}", "", me).decode("utf-8", "replace")
+    if holder != me:
+        other, _, host = holder.partition(" on ")
+        store.set(f"{prefix}shared-gpu", (
+            f"ranks {other} and {rank} on {host} share one GPU ({gpu}) and NCCL needs a GPU per "
+            "rank: give each task its own (--gpus-per-task=1, or --gpus-per-node equal to "
+            "--ntasks-per-node) or use --backend gloo"))  # fmt: skip
 
 
 def _owner() -> str:
@@ -206,7 +228,7 @@ def _wrap(original: Any) -> Any:
             libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
             store = open_store(addr, port, rank, world_size, limit, libuv)
             where = f"{addr}:{port}"
-        join(store, rank, world_size, limit, where)
+        join(store, rank, world_size, limit, where, gpu=_gpu)
         store.set_timeout(timeout)
         coordination.record(store, rank, world_size)
         yield store, rank, world_size

@@ -8,13 +8,15 @@ from slurmddp.placement import Placement, PlacementError, choose, cpu_threads
 
 
 def pick(requested="auto", *, local_rank=0, local_world=1, gpus=0, visible=None, nccl=True,
-         mpi=False) -> Placement:  # fmt: skip
+         mpi=False, **environ: str) -> Placement:  # fmt: skip
+    if visible is not None:
+        environ["CUDA_VISIBLE_DEVICES"] = visible
     return choose(
         requested,
         local_rank=local_rank,
         local_world_size=local_world,
         cuda_device_count=gpus,
-        cuda_visible_devices=visible,
+        environ=environ,
         nccl_available=nccl,
         mpi_available=mpi,
     )
@@ -46,8 +48,6 @@ def test_choices(kwargs, backend, device):
         ({"requested": "nccl"}, "backend nccl needs a CUDA GPU"),
         ({"requested": "mpi"}, "this torch build has no MPI backend"),
         ({"requested": "tcp"}, "unknown backend 'tcp'"),
-        ({"gpus": 2, "local_rank": 2, "local_world": 3}, "local rank 2 has no GPU: only 2 visible"),
-        ({"gpus": 1, "local_world": 2}, "share one GPU"),
         ({"requested": "nccl", "gpus": 2, "nccl": False}, "no NCCL"),
     ],
 )
@@ -55,6 +55,42 @@ def test_impossible_requests_say_what_to_do(kwargs, message):
     with pytest.raises(PlacementError) as info:
         pick(**kwargs)
     assert message in str(info.value)
+
+
+# What each task of a node sees under Slurm's GPU bindings (torch's device count, the variables
+# Slurm sets), and the GPU each local rank must take: its own, and no other rank's.
+@pytest.mark.parametrize(
+    ("layout", "tasks"),
+    [
+        # --gpu-bind=closest, 8 tasks on 2 sockets of 4 GPUs: a task sees its socket's GPUs.
+        ("closest", [(r, 4, {"CUDA_VISIBLE_DEVICES": "0,1,2,3" if r < 4 else "4,5,6,7"},
+                      r % 4) for r in range(8)]),
+        # --gpus-per-task=2, 4 tasks: each sees only its own two and takes the first.
+        ("gpus-per-task", [(r, 2, {"CUDA_VISIBLE_DEVICES": f"{2 * r},{2 * r + 1}",
+                                   "SLURM_GPUS_PER_TASK": "2"}, 0) for r in range(4)]),
+        # --gpus-per-task=2 --gpu-bind=none: every task sees all 8, its own are 2r and 2r+1.
+        ("gpus-per-task, unbound", [(r, 8, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                                            "SLURM_GPUS_PER_TASK": "2"}, 2 * r)
+                                    for r in range(4)]),
+        # ConstrainDevices=yes with one GPU per task: every task sees "0", each a different GPU.
+        ("cgroup", [(r, 1, {"CUDA_VISIBLE_DEVICES": "0"}, 0) for r in range(4)]),
+        ("cgroup, nothing exported", [(r, 1, {}, 0) for r in range(4)]),
+        # AMD: Slurm's rsmi autodetection binds through ROCR_VISIBLE_DEVICES.
+        ("rocm, per task", [(r, 1, {"ROCR_VISIBLE_DEVICES": str(r)}, 0) for r in range(4)]),
+        ("rocm, node", [(r, 4, {"ROCR_VISIBLE_DEVICES": "0,1,2,3"}, r) for r in range(4)]),
+        # MIG: instances are named by UUID; each task bound to its own sees one device.
+        ("mig", [(r, 1, {"CUDA_VISIBLE_DEVICES": f"MIG-5c3e-{r}"}, 0) for r in range(2)]),
+        # One GPU shared by two tasks: both take it; the rendezvous refuses it under NCCL.
+        ("shared", [(r, 1, {"CUDA_VISIBLE_DEVICES": "0"}, 0) for r in range(2)]),
+    ],
+)
+def test_each_local_rank_takes_its_own_gpu(layout, tasks):
+    for local_rank, count, environ, index in tasks:
+        p = pick(local_rank=local_rank, local_world=len(tasks), gpus=count, **environ)
+        assert (p.backend, p.device) == ("nccl", f"cuda:{index}"), (layout, local_rank, p)
+        for name, value in environ.items():
+            if name.endswith("VISIBLE_DEVICES"):
+                assert f"{name}={value}" in p.reason
 
 
 def test_cuda_index():

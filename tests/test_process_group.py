@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -228,3 +229,33 @@ def test_init_after_importing_torch_still_sets_the_ranks_threads():
     assert r.returncode == 0, r.stderr
     before, after = r.stdout.split()
     assert after == "1" and int(before) >= 1
+
+
+CLAIM = """
+    import sys, torch.distributed as td
+    from slurmddp import startup
+    rank, world, port, gpu = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    store = td.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
+    try:
+        startup.join(store, rank, world, 30, f"127.0.0.1:{port}", gpu=gpu)
+    except startup.StartupError as e:
+        print(e)
+    """
+
+
+def test_ranks_that_claim_one_gpu_all_hear_it_at_the_rendezvous():
+    def rendezvous(gpus: list[str]) -> list[str]:
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(CLAIM), str(r),
+                                   str(len(gpus)), port, gpu], stdout=subprocess.PIPE, text=True,
+                                  env=launcher_free_env())
+                 for r, gpu in enumerate(gpus)]  # fmt: skip
+        return [p.communicate(timeout=60)[0].strip() for p in procs]
+
+    assert rendezvous(["GPU-a", "GPU-b", "GPU-c"]) == ["", "", ""]
+    said = rendezvous(["GPU-a", "GPU-b", "GPU-a"])
+    assert len(set(said)) == 1, said  # every rank, the one line
+    assert re.fullmatch(
+        rf"ranks (0 and 2|2 and 0) on {re.escape(socket.gethostname())} share one GPU \(GPU-a\) "
+        r"and NCCL needs a GPU per rank: give each task its own \(--gpus-per-task=1, or "
+        r"--gpus-per-node equal to --ntasks-per-node\) or use --backend gloo", said[0]), said

@@ -1,0 +1,275 @@
+"""The GPU path on a real CUDA GPU: ``python -m pytest -m gpu`` on a machine with one.
+
+Each test runs one rank in a fresh process that joins through `slurmddp.init()`, so the backend
+is NCCL and the rank's device is its GPU, as on a GPU node. One GPU allows one NCCL rank (two
+ranks on one GPU are refused by NCCL), so the collectives here run at world size 1: still NCCL's
+communicator, CUDA tensors and the device binding. Without a CUDA GPU every test skips and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, launcher_free_env
+from tests.test_checkpoint import free_port
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
+]
+
+# Bitwise comparisons need cuBLAS and cuDNN to pick the same kernels in every process.
+DETERMINISTIC = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+PRELUDE = """
+import json, os, sys, warnings
+import torch, torch.distributed as td
+warnings.simplefilter("ignore")
+torch.use_deterministic_algorithms(True)
+import slurmddp
+dist = slurmddp.init(timeout=120)
+D = os.environ["WORK_DIR"]
+out = {}
+"""
+
+
+def run_rank(code: str, directory: Path, *args: str, prelude: str = PRELUDE) -> dict:
+    """Run `code` as rank 0 of 1 after `slurmddp.init()`; the `out` dict it fills."""
+    program = (prelude + textwrap.dedent(code) + "\nprint('RESULT', json.dumps(out), flush=True)"
+               "\ntd.destroy_process_group()\n")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=rank_env(WORK_DIR=str(directory)))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.split("RESULT ", 1)[1])
+
+
+def rank_env(**extra: str) -> dict[str, str]:
+    return launcher_free_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(free_port()), **DETERMINISTIC, **extra)  # fmt: skip
+
+
+def test_init_joins_nccl_with_the_device_bound(tmp_path):
+    out = run_rank(
+        """
+        from slurmddp.process_group import device
+        group = td.distributed_c10d._get_default_group()
+        t = torch.ones(4, device=device())
+        td.all_reduce(t)
+        out.update(backend=td.get_backend(), device=device(), current=torch.cuda.current_device(),
+                   bound=str(group.bound_device_id), sum=t.sum().item())
+        """,
+        tmp_path,
+    )
+    assert out == {"backend": "nccl", "device": "cuda:0", "current": 0, "bound": "cuda:0",
+                   "sum": 4.0}  # fmt: skip
+
+
+def test_the_agreement_tensor_lives_on_the_gpu_and_carries_the_stop(tmp_path):
+    # At world size 1 should_stop() needs no collective; the agreement's all_reduce is called
+    # directly, as it runs at every larger size.
+    out = run_rank(
+        """
+        from slurmddp.agreement import Agreement
+        from slurmddp.signals import STOP, TERM
+        a = Agreement()
+        quiet = a._reduce(td, 0, None, paced=True)
+        stop = a._reduce(td, STOP, None, paced=True)
+        both = a._reduce(td, STOP | TERM, None, paced=False)
+        out.update(device=str(a._flag.device), quiet=quiet, stop=stop, both=both,
+                   expect=[[0, 0], [STOP, 0], [STOP | TERM, 0]], gap=a._pace.gap)
+        """,
+        tmp_path,
+    )
+    assert out["device"] == "cuda:0"
+    assert [out["quiet"], out["stop"], out["both"]] == out["expect"]
+    assert out["gap"] >= 1
+
+
+def test_cuda_generators_come_back_bitwise_through_a_checkpoint(tmp_path):
+    out = run_rank(
+        """
+        from slurmddp import train_state
+        from slurmddp.checkpoint import Checkpointer
+        torch.cuda.manual_seed(1234)
+        torch.randn(100, device="cuda")  # move the generator off its seed
+        c = Checkpointer(D + "/rng")
+        c.save(1, train_state.capture())
+        drop = torch.nn.Dropout(0.5)
+        def draws():
+            x = torch.randn(1000, device="cuda")
+            return torch.cat([x, drop(torch.ones(1000, device="cuda")),
+                              torch.rand(10, device="cuda")]).cpu()
+        first = draws()
+        torch.cuda.manual_seed(99)
+        train_state.restore(c.load_latest().state)
+        again = draws()
+        torch.cuda.manual_seed(99)
+        out.update(equal=torch.equal(first, again), other=torch.equal(first, draws()),
+                   saved=len(c.load_latest().state["rng"]["cuda"]))  # world 1: not gathered
+        """,
+        tmp_path,
+    )
+    assert out == {"equal": True, "other": False, "saved": torch.cuda.device_count()}
+
+
+def test_an_asynchronous_save_snapshots_gpu_tensors_before_it_returns(tmp_path):
+    out = run_rank(
+        """
+        from slurmddp.checkpoint import Checkpointer, wait_for_saves
+        c = Checkpointer(D + "/async", async_save=True, keep=2)
+        w = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        tied = {"a": w, "b": w}
+        c.save(1, {"w": w, "tied": tied, "step": 1})
+        w.add_(1)  # training goes on at once: the checkpoint must hold the values at save()
+        c.save(2, {"w": w, "tied": tied, "step": 2})
+        w.mul_(0)
+        wait_for_saves()
+        first = torch.load(D + "/async/step-00000001/state.pt", weights_only=True)
+        on_gpu = c.load_latest(map_location="cuda")
+        out.update(first=first["w"][:3].tolist(), first_device=str(first["w"].device),
+                   tied=first["tied"]["a"].data_ptr() == first["tied"]["b"].data_ptr(),
+                   latest=on_gpu.step, latest_w=on_gpu.state["w"][:3].tolist(),
+                   latest_device=str(on_gpu.state["w"].device), live=w[:3].tolist())
+        """,
+        tmp_path,
+    )
+    assert out == {"first": [0.0, 1.0, 2.0], "first_device": "cpu", "tied": True, "latest": 2,
+                   "latest_w": [1.0, 2.0, 3.0], "latest_device": "cuda:0",
+                   "live": [0.0, 0.0, 0.0]}  # fmt: skip
+
+
+def test_a_sharded_fsdp2_checkpoint_on_the_gpu_comes_back(tmp_path):
+    out = run_rank(
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from slurmddp.checkpoint import Checkpointer
+        torch.manual_seed(0)
+        mesh = init_device_mesh("cuda", (1,))
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 8)).cuda()
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        def step():
+            opt.zero_grad()
+            model(torch.randn(16, 64, device="cuda")).square().mean().backward()
+            opt.step()
+        step()
+        f = Checkpointer(D + "/fsdp", sharded=True)
+        msd, osd = get_state_dict(model, opt)
+        f.save(1, {"model": msd, "optim": osd})
+        want = [p.full_tensor().clone() for p in model.parameters()]
+        moments = [s["exp_avg"].full_tensor().clone() for s in opt.state.values()]
+        step(); step()
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        loaded = f.load_latest(into=state)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        got = [p.full_tensor() for p in model.parameters()]
+        out.update(step=loaded.step, params=all(torch.equal(a, b) for a, b in zip(want, got)),
+                   moments=all(torch.equal(a, s["exp_avg"].full_tensor())
+                               for a, s in zip(moments, opt.state.values())),
+                   device=str(got[0].device), files=sorted(os.listdir(loaded.path)))
+        """,
+        tmp_path,
+    )
+    assert out == {"step": 1, "params": True, "moments": True, "device": "cuda:0",
+                   "files": [".metadata", "__0_0.distcp", "manifest.json"]}  # fmt: skip
+
+
+# DDP on the GPU with fp16 autocast and a GradScaler that starts too high (its first steps
+# overflow and are skipped), dropout drawing from the CUDA generator.
+AMP_TRAIN = """
+import hashlib
+from torch.nn.parallel import DistributedDataParallel
+from slurmddp import train_state
+from slurmddp.checkpoint import Checkpointer
+mode, save_at, stop_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Dropout(0.2),
+                            torch.nn.Linear(256, 1)).cuda()
+ddp = DistributedDataParallel(model, bucket_cap_mb=0.1)
+opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cuda", init_scale=2.0**30, growth_interval=5)
+ckpt = Checkpointer(D + "/amp")
+step, skipped = 0, 0
+if mode != "full":
+    got = train_state.restore(ckpt.load_latest().state, model=ddp, optimizer=opt, scaler=scaler,
+                              rng=mode == "resume")
+    step = got["step"]
+while step < stop_at:
+    x = torch.randn(64, 32, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = ddp(x).float().pow(2).mean()
+    opt.zero_grad()
+    before = scaler.get_scale()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    skipped += scaler.get_scale() < before
+    step += 1
+    if mode == "full" and step == save_at:
+        ckpt.save(step, train_state.capture(model=ddp, optimizer=opt, scaler=scaler, step=step))
+digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+out.update(digest=digest.hexdigest(), step=step, scale=scaler.get_scale(), skipped=skipped)
+"""
+
+
+def test_amp_fp16_with_a_grad_scaler_resumes_bitwise(tmp_path):
+    full = run_rank(AMP_TRAIN, tmp_path, "full", "12", "30")
+    resumed = run_rank(AMP_TRAIN, tmp_path, "resume", "12", "30")
+    assert resumed == full | {"skipped": resumed["skipped"]}  # skips counted since the resume
+    assert full["skipped"] > resumed["skipped"] >= 0 and full["step"] == 30
+    # The control: the same resume without the generators (dropout) drifts.
+    assert run_rank(AMP_TRAIN, tmp_path, "resume-without-rng", "12", "30")["digest"] != (
+        full["digest"])
+
+
+def test_doctor_check_passes_on_nccl():
+    r = subprocess.run([sys.executable, "-m", "slurmddp", "doctor", "--check"], cwd=ROOT,
+                       env=rank_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "backend nccl" in r.stdout and "all checks passed" in r.stdout, r.stdout
+
+
+def test_the_checkpoint_benchmark_runs_from_gpu_memory():
+    from benchmarks import checkpoint_write
+
+    rows = checkpoint_write.run(size_mib=64, repeats=1, device="cuda")
+    assert [row.metric for row in rows] == [
+        "write throughput from GPU memory, 0.06 GiB (copy, write, fsync, crc32, publish)",
+        "training stall of a save from GPU memory",
+    ]
+    assert all(row.ours > 0 and row.baseline > 0 for row in rows)
+
+
+def test_two_ranks_on_one_gpu_are_told_in_one_line_before_nccl_starts(tmp_path):
+    # --gpus-per-node=1 --ntasks-per-node=2: both tasks see GPU 0. NCCL would refuse it later
+    # ("Duplicate GPU detected") or hang; every rank says why at the rendezvous instead.
+    script = tmp_path / "train.py"
+    script.write_text("import slurmddp\nslurmddp.init()\nprint('joined')\n")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "slurmddp.run", str(script)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=launcher_free_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                                    LOCAL_WORLD_SIZE="2", MASTER_PORT=port,
+                                                    MASTER_ADDR="127.0.0.1",
+                                                    CUDA_VISIBLE_DEVICES="0"))
+             for r in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    uuid = f"GPU-{torch.cuda.get_device_properties(0).uuid}"
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 1, (out, err)
+        assert "joined" not in out
+        assert f"share one GPU ({uuid}) and NCCL needs a GPU per rank" in err, err
+        assert "Traceback" not in err and "Duplicate GPU" not in err, err
