@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-from slurmddp.env import DistEnv, MasterUnknown, resolve
+from slurmddp.env import DistEnv, NodesUnknown, resolve
 from slurmddp.placement import THREADS_VAR, cpu_threads
 
 MASTER_HOST_FORMAT_VAR = "SLURMDDP_MASTER_HOST_FORMAT"
@@ -34,15 +34,18 @@ def bootstrap(
     fmt = master_host_format or env.get(MASTER_HOST_FORMAT_VAR) or "{host}"
     try:
         dist = resolve(env, master_host_format=fmt)
-    except MasterUnknown:
-        # mpirun across hosts outside Slurm: only rank 0 knows where it runs.
-        from slurmddp.mpi import share_master
+    except NodesUnknown:
+        # mpirun on several nodes: the ranks tell each other where they run.
+        from slurmddp.mpi import survey
 
-        addr, port = share_master(fmt, pick_port="MASTER_PORT" not in env)
-        env["MASTER_ADDR"] = addr
-        if port is not None:
-            env["MASTER_PORT"] = str(port)
-        dist = resolve(env, master_host_format=fmt)
+        found = survey(pick_port="MASTER_PORT" not in env)
+        if found is None:
+            dist = resolve(env, master_host_format=fmt, mpi_nodes="block")
+        else:
+            told, port = found
+            if port is not None:
+                env["MASTER_PORT"] = str(port)
+            dist = resolve(env, master_host_format=fmt, mpi_nodes=told)
     env.update(dist.torchrun_env())
     _set_threads(env, dist)
     _current = dist

@@ -50,12 +50,20 @@ class EnvError(UserError, ValueError):
     """The environment describes no consistent distributed job; the message names the variables."""
 
 
-class MasterUnknown(EnvError):
-    """An MPI job across nodes with no MASTER_ADDR and no Slurm node list to take it from.
+class NodesUnknown(EnvError):
+    """An MPI job on several nodes: no variable says which node a rank is on, nor (outside
+    Slurm) where rank 0 runs. `slurmddp.bootstrap` then asks the ranks over MPI
+    (`slurmddp.mpi.survey`) and resolves again with the answer (`MpiNodes`)."""
 
-    The environment cannot say where rank 0 runs; `slurmddp.bootstrap` then asks rank 0 itself,
-    over MPI (slurmddp.mpi).
-    """
+
+@dataclasses.dataclass(frozen=True)
+class MpiNodes:
+    """Where the ranks of an MPI job run, as they told each other (`slurmddp.mpi.survey`)."""
+
+    node_rank: int  # this rank's node, counted in the order of each node's lowest rank
+    num_nodes: int
+    ranks_here: int  # how many ranks said they run on this rank's node
+    master_host: str  # rank 0's host name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,15 +194,19 @@ def launcher_variables(environ: Mapping[str, str]) -> list[str]:
     return [n for n in environ if n in LAUNCHER_VARIABLES or n.startswith(LAUNCHER_PREFIXES)]
 
 
-def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}") -> DistEnv:
+def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
+            mpi_nodes: MpiNodes | Literal["block"] | None = None) -> DistEnv:  # fmt: skip
     """Resolve this process's distributed placement from `environ` (pure; see module doc).
 
     `master_host_format` maps the chosen master host name to the address ranks should dial,
-    e.g. ``"{host}-ib0"`` where a cluster wants its InfiniBand interface names.
+    e.g. ``"{host}-ib0"`` where a cluster wants its InfiniBand interface names. `mpi_nodes` is
+    what the ranks of an MPI job on several nodes told each other, or "block" to assume block
+    placement (mpi4py missing); without either such a job raises `NodesUnknown`.
     Raises `EnvError` naming the variables when they contradict each other.
     """
     v = _Vars(environ)
-    layout = _from_torchrun(v) or _from_env(v) or _from_mpi(v) or _from_slurm(v) or _single()
+    layout = (_from_torchrun(v) or _from_env(v) or _from_mpi(v, mpi_nodes) or _from_slurm(v)
+              or _single())  # fmt: skip
     _check(layout)
 
     job = v.first("SLURM_JOB_ID", "SLURM_JOBID")
@@ -306,7 +318,7 @@ def _from_torchrun_names(
     return _Layout(launcher, rank, size, local_rank, local_size, node_rank, num_nodes)
 
 
-def _from_mpi(v: _Vars) -> _Layout | None:
+def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | None:
     found = next(
         ((fam, pair) for fam in _MPI_FAMILIES if (pair := v.pair(fam[1], fam[2])) is not None),
         None,
@@ -343,15 +355,41 @@ def _from_mpi(v: _Vars) -> _Layout | None:
             f"{local_size_name} is not; set LOCAL_RANK and LOCAL_WORLD_SIZE with RANK and "
             "WORLD_SIZE to say where this rank runs"
         )
+    _check_ranks(rank, size, local_rank, local_size)
     if local_size[0] == size[0]:
         rule = "rule: all ranks on one node"
-        node_rank, num_nodes = (0, rule), (1, rule)
-    else:
-        # MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK counts processes, not nodes).
-        rule = f"rule: block placement, {local_size[1]} ranks per node"
-        node_rank = ((rank[0] - local_rank[0]) // local_size[0], rule)
-        num_nodes = (-(-size[0] // local_size[0]), rule)
-    return _Layout("mpi", rank, size, local_rank, local_size, node_rank, num_nodes)
+        return _Layout("mpi", rank, size, local_rank, local_size, (0, rule), (1, rule))
+    # MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK counts processes, not nodes), and
+    # mpirun may map round-robin (--map-by node) or put uneven counts on the hosts.
+    if told is None:
+        raise NodesUnknown(f"{family}: {size[0]} ranks on several nodes")
+    if told == "block":
+        return _block_placement(rank, size, local_rank, local_size)
+    source = "rule: ranks counted per host over MPI (mpi4py)"
+    if told.ranks_here != local_size[0]:
+        raise EnvError(
+            f"{local_size[1]}={local_size[0]}, but {told.ranks_here} ranks report this rank's "
+            "host: give each node a distinct host name (SLURMD_NODENAME or the system's)"
+        )
+    return _Layout("mpi", rank, size, local_rank, local_size, (told.node_rank, source),
+                   (told.num_nodes, source), ([told.master_host], source))  # fmt: skip
+
+
+def _block_placement(rank: tuple[int, str], size: tuple[int, str], local_rank: tuple[int, str],
+                     local_size: tuple[int, str]) -> _Layout:  # fmt: skip
+    """Nodes under the assumption that mpirun filled them in order, equally; refused where this
+    rank can see that it did not."""
+    per_node = local_size[0]
+    if size[0] % per_node or rank[0] % per_node != local_rank[0]:
+        raise EnvError(
+            f"mpirun placed the ranks round-robin or unevenly over the nodes (rank {rank[0]} of "
+            f"{size[0]} is local rank {local_rank[0]} of {per_node}): install mpi4py (pip install "
+            "'slurmddp[mpi]') so that the ranks can count their nodes, or map by slot with as "
+            "many ranks on every node"
+        )
+    rule = f"rule: block placement, {local_size[1]} ranks per node (mpi4py not installed)"
+    return _Layout("mpi", rank, size, local_rank, local_size,
+                   (rank[0] // per_node, rule), (size[0] // per_node, rule))  # fmt: skip
 
 
 def _from_slurm(v: _Vars) -> _Layout | None:
@@ -428,18 +466,19 @@ def _single() -> _Layout:
 
 
 def _check(layout: _Layout) -> None:
-    for value, limit in (
-        (layout.rank, layout.world_size),
-        (layout.local_rank, layout.local_world_size),
-        (layout.node_rank, layout.num_nodes),
-    ):
+    _check_ranks(layout.rank, layout.world_size, layout.local_rank, layout.local_world_size)
+    if layout.node_rank[0] >= layout.num_nodes[0]:
+        raise EnvError(f"{layout.node_rank[1]}={layout.node_rank[0]} is not below "
+                       f"{layout.num_nodes[1]}={layout.num_nodes[0]}")  # fmt: skip
+
+
+def _check_ranks(rank: tuple[int, str], size: tuple[int, str], local_rank: tuple[int, str],
+                 local_size: tuple[int, str]) -> None:  # fmt: skip
+    for value, limit in ((rank, size), (local_rank, local_size)):
         if value[0] >= limit[0]:
             raise EnvError(f"{value[1]}={value[0]} is not below {limit[1]}={limit[0]}")
-    if layout.local_world_size[0] > layout.world_size[0]:
-        raise EnvError(
-            f"{layout.local_world_size[1]}={layout.local_world_size[0]} exceeds "
-            f"{layout.world_size[1]}={layout.world_size[0]}"
-        )
+    if local_size[0] > size[0]:
+        raise EnvError(f"{local_size[1]}={local_size[0]} exceeds {size[1]}={size[0]}")
 
 
 def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]:
@@ -459,9 +498,10 @@ def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]
             raise EnvError(f"{job[1]}={job[0]!r} is not a usable node list") from None
         source = f"rule: first host of {job[1]} (mpirun inside an allocation)"
     elif layout.launcher == "mpi":
-        raise MasterUnknown(
-            f"cannot tell rank 0's host for an MPI job on {layout.num_nodes[0]} nodes outside "
-            "Slurm: set MASTER_ADDR"
+        raise EnvError(
+            "MASTER_ADDR is not set and this MPI job spans several nodes outside Slurm: install "
+            "mpi4py (pip install 'slurmddp[mpi]') so that rank 0 can share its address, or set "
+            "MASTER_ADDR (and MASTER_PORT) for every rank"
         )
     else:
         raise EnvError(

@@ -1,42 +1,37 @@
-"""What only MPI itself can tell: rank 0's address, for an MPI job across nodes outside Slurm.
+"""What only MPI itself can tell: which node each rank is on, and rank 0's address.
 
-Under ``mpirun`` on several hosts without a Slurm allocation no variable names rank 0's host, so
-rank 0 says it: one broadcast over mpi4py (the ``mpi`` extra), once, at start-up.
+Under ``mpirun`` on several nodes no variable gives a rank's node (mpirun may map round-robin,
+``--map-by node``, or put uneven counts on the hosts), and outside Slurm none names rank 0's
+host. The ranks tell each other: one allgather over mpi4py (the ``mpi`` extra), once, at
+start-up.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
-from slurmddp.env import EnvError
+from slurmddp.env import MpiNodes
 
 
-def share_master(host_format: str, *, pick_port: bool) -> tuple[str, int | None]:
-    """Rank 0's address (its host name through `host_format`), the same on every rank.
-
-    With `pick_port`, rank 0 also picks a free port for all (else None). A collective over
-    MPI_COMM_WORLD.
-    """
+def survey(*, pick_port: bool) -> tuple[MpiNodes, int | None] | None:
+    """This rank's node among the job's, rank 0's host name and (with `pick_port`) a free port
+    on it; None without mpi4py. A collective over MPI_COMM_WORLD."""
     try:
         from mpi4py import MPI
     except ImportError:
-        raise EnvError(
-            "MASTER_ADDR is not set and this MPI job spans several nodes outside Slurm: install "
-            "mpi4py (pip install 'slurmddp[mpi]') so that rank 0 can share its address, or set "
-            "MASTER_ADDR (and MASTER_PORT) for every rank"
-        ) from None
+        return None
     comm = MPI.COMM_WORLD
-    chosen = None
-    if comm.Get_rank() == 0:
-        try:
-            chosen = (host_format.format(host=socket.gethostname()),
-                      _free_port() if pick_port else None)
-        except (KeyError, IndexError, ValueError) as e:
-            chosen = EnvError(f"master host format {host_format!r} is invalid: {e}")
-    chosen = comm.bcast(chosen, root=0)  # pickled, between this job's own ranks only
-    if isinstance(chosen, EnvError):
-        raise chosen
-    return chosen
+    rank = comm.Get_rank()
+    # A node is what Slurm calls one (several slurmd may share a host), else the host.
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    port = _free_port() if pick_port and rank == 0 else None
+    everyone = comm.allgather((node, socket.gethostname(), port))  # this job's ranks only
+    nodes = list(dict.fromkeys(n for n, _, _ in everyone))  # in the order of their lowest rank
+    told = MpiNodes(node_rank=nodes.index(node), num_nodes=len(nodes),
+                    ranks_here=sum(n == node for n, _, _ in everyone),
+                    master_host=everyone[0][1])  # fmt: skip
+    return told, everyone[0][2]
 
 
 def _free_port() -> int:

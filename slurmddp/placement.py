@@ -130,3 +130,27 @@ def cpu_threads(environ: Mapping[str, str], usable_cpus: int, all_cpus: int,
         return usable_cpus, "the CPUs this task is bound to"
     share = max(1, usable_cpus // max(1, local_world_size))
     return share, f"{usable_cpus} CPUs shared by {local_world_size} ranks on the node"
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """The CPUs of a kernel CPU list ("0-15,32-47"); ValueError if it is not one."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return frozenset(cpus)
+
+
+def cpus_near_gpu(gpu_cpus: frozenset[int], mine: frozenset[int],
+                  node_cpus: int) -> frozenset[int] | None:  # fmt: skip
+    """The CPUs a rank should run on to be near its GPU, or None to leave it where it is.
+
+    Only a task that nothing bound (it may run on every CPU of the node) moves: to the CPUs of
+    its GPU's NUMA node as the kernel reports them, when those are fewer. A binding by Slurm
+    (``--cpu-bind``, task/affinity) or by the user (numactl, taskset) is theirs to keep.
+    """
+    if len(mine) < node_cpus:
+        return None
+    near = gpu_cpus & mine
+    return near if near and near != mine else None
+

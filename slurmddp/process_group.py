@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from pathlib import Path
 from typing import Any
 
 from slurmddp import placement, preemption, startup
@@ -74,6 +75,7 @@ def init(
     _placement = chosen
     if chosen.cuda_index is not None:
         torch.cuda.set_device(chosen.cuda_index)
+        _run_near(torch, chosen.cuda_index)
     if chosen.backend == "nccl":
         # Binding the device eagerly lets NCCL build its communicator at init, not first use.
         kwargs["device_id"] = torch.device(chosen.device)
@@ -99,6 +101,28 @@ def _uuid(torch: Any, index: int | None) -> str | None:
         return None
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     return None if uuid is None else f"GPU-{uuid}"
+
+
+def gpu_cpulist(torch: Any, index: int, sysfs: Path = Path("/sys")) -> Path:
+    """Where the kernel lists the CPUs near GPU `index` (its PCI device's local_cpulist)."""
+    props = torch.cuda.get_device_properties(index)
+    address = (f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:"
+               f"{props.pci_device_id:02x}.0")  # fmt: skip
+    return sysfs / "bus" / "pci" / "devices" / address / "local_cpulist"
+
+
+def _run_near(torch: Any, index: int) -> None:
+    """Move this process (and the threads it starts from now on) to the CPUs near its GPU,
+    where nothing bound it (`placement.cpus_near_gpu`)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        near = placement.parse_cpulist(gpu_cpulist(torch, index).read_text())
+    except (AttributeError, OSError, ValueError):  # no PCI address in torch, no sysfs
+        return
+    cpus = placement.cpus_near_gpu(near, frozenset(os.sched_getaffinity(0)), os.cpu_count() or 0)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
 
 
 def device() -> str:

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmddp.env import PORT_BASE, PORT_SPAN, DistEnv, EnvError, derive_port, resolve
+from slurmddp.env import (
+    PORT_BASE,
+    PORT_SPAN,
+    DistEnv,
+    EnvError,
+    MpiNodes,
+    NodesUnknown,
+    derive_port,
+    resolve,
+)
 from tests.fake_env import block_position, srun_env
 
 
@@ -233,11 +242,58 @@ def test_mpirun_inside_sbatch_ignores_the_daemons_slurm_step():
     # SLURM_PROCID=0 of a one-task step. Those are not the rank's.
     daemon = srun_env(0, [1], nodes=["n2"], step=0)
     daemon |= {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODELIST": "n[1-2]"}
-    d = resolve(daemon | ompi_env(3, 4, 1, 2))
+    d = resolve(daemon | ompi_env(3, 4, 1, 2), mpi_nodes="block")
     assert placement(d) == (3, 1, 4, 2, 1, 2)
     assert d.launcher == "mpi"
     assert d.master_addr == "n1"
     assert "mpirun inside an allocation" in d.sources["master_addr"]
+
+
+def test_mpi_on_several_nodes_needs_the_ranks_to_say_where_they_run():
+    with pytest.raises(NodesUnknown):
+        resolve(ompi_env(3, 4, 1, 2))  # bootstrap then asks them over MPI (slurmddp.mpi)
+
+
+# mpirun --map-by node over two nodes: ranks 0, 2 on the first, 1, 3 on the second. The ranks
+# told each other where they run (slurmddp.mpi.survey).
+@pytest.mark.parametrize(
+    ("rank", "local", "local_world", "told", "expected"),
+    [
+        (1, 0, 2, MpiNodes(1, 2, 2, "a"), (1, 0, 4, 2, 1, 2)),  # --map-by node
+        (2, 1, 2, MpiNodes(0, 2, 2, "a"), (2, 1, 4, 2, 0, 2)),
+        (2, 0, 1, MpiNodes(1, 2, 1, "a"), (2, 0, 3, 1, 1, 2)),  # -np 3 over hosts of 2 and 1
+    ],
+)
+def test_mpi_nodes_as_the_ranks_told(rank, local, local_world, told, expected):
+    world = expected[2]
+    d = resolve(ompi_env(rank, world, local, local_world), mpi_nodes=told)
+    assert placement(d) == expected
+    assert d.master_addr == "a" and d.sources["node_rank"].endswith("over MPI (mpi4py)")
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "local", "local_world", "message"),
+    [
+        (1, 4, 0, 2, "rank 1 of 4 is local rank 0 of 2"),  # --map-by node
+        (0, 3, 0, 2, "rank 0 of 3 is local rank 0 of 2"),  # -np 3 over hosts of 2 and 1
+    ],
+)
+def test_without_mpi4py_a_placement_block_rules_cannot_explain_is_one_line(rank, world, local,
+                                                                           local_world, message):
+    with pytest.raises(EnvError, match="mpirun placed the ranks round-robin or unevenly") as e:
+        resolve(ompi_env(rank, world, local, local_world) | {"MASTER_ADDR": "a"},
+                mpi_nodes="block")  # fmt: skip
+    assert message in str(e.value) and "pip install 'slurmddp[mpi]'" in str(e.value)
+
+
+def test_without_mpi4py_outside_slurm_rank_0s_host_is_unknown():
+    with pytest.raises(EnvError, match=r"install mpi4py .* or set MASTER_ADDR"):
+        resolve(ompi_env(3, 4, 1, 2), mpi_nodes="block")
+
+
+def test_ranks_that_share_a_host_name_across_nodes_are_refused():
+    with pytest.raises(EnvError, match="but 4 ranks report this rank's host"):
+        resolve(ompi_env(1, 4, 1, 2), mpi_nodes=MpiNodes(0, 1, 4, "a"))
 
 
 def test_mpich_hydra():
@@ -255,7 +311,7 @@ def test_mvapich2():
         "MV2_COMM_WORLD_LOCAL_SIZE": "4",
         "MASTER_ADDR": "head",
     }
-    d = resolve(env)
+    d = resolve(env, mpi_nodes="block")
     assert placement(d) == (5, 1, 8, 4, 1, 2)
     assert d.sources["node_rank"].startswith("rule: block placement")
 
@@ -303,7 +359,6 @@ BAD = [
     ({"PMI_SIZE": "4"}, "PMI_SIZE is set but PMI_RANK is not"),
     ({"PMIX_RANK": "0"}, "PMIX_RANK is set but no launcher variable gives the world size"),
     (ompi_env(4, 4, 0, 1), "OMPI_COMM_WORLD_RANK=4 is not below OMPI_COMM_WORLD_SIZE=4"),
-    (ompi_env(3, 4, 1, 2), "set MASTER_ADDR"),
     (srun_env(0, [2]) | {"SLURM_PROCID": "zero"}, "SLURM_PROCID='zero' is not an integer"),
     (
         srun_env(0, [2]) | {"SLURM_PROCID": "2"},

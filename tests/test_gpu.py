@@ -273,3 +273,19 @@ def test_two_ranks_on_one_gpu_are_told_in_one_line_before_nccl_starts(tmp_path):
         assert "joined" not in out
         assert f"share one GPU ({uuid}) and NCCL needs a GPU per rank" in err, err
         assert "Traceback" not in err and "Duplicate GPU" not in err, err
+
+
+def test_the_rank_runs_on_the_cpus_the_kernel_lists_near_its_gpu(tmp_path):
+    out = run_rank(
+        """
+        from slurmddp import placement, process_group
+        listed = process_group.gpu_cpulist(torch, 0)
+        near = placement.parse_cpulist(listed.read_text())
+        out.update(path=str(listed), near=sorted(near), mine=sorted(os.sched_getaffinity(0)),
+                   node=os.cpu_count())
+        """,
+        tmp_path,
+    )
+    near, mine = set(out["near"]), set(out["mine"])
+    # Moved to the GPU's NUMA node where that is a part of the node, else left on every CPU.
+    assert mine == (near if len(near) < out["node"] else set(range(out["node"]))), out

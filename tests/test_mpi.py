@@ -40,27 +40,47 @@ def test_mpirun_on_one_host_places_every_rank():
     assert all(p["argv"] == ["a b"] for p in probes)
 
 
-def test_across_hosts_outside_slurm_rank_0_shares_its_address_over_mpi():
-    # mpi_two_hosts.py makes mpirun's variables say two hosts of two ranks; the rest is real.
-    r = run([*MPIRUN, "-np", "4", sys.executable, str(PROGRAMS / "mpi_two_hosts.py"), PROBE])
+@pytest.mark.parametrize(
+    ("mapping", "np", "expected"),
+    [
+        # (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE) in rank order
+        ("slot", 4, [("0", "0", "2", "0", "2"), ("1", "1", "2", "0", "2"),
+                     ("2", "0", "2", "1", "2"), ("3", "1", "2", "1", "2")]),
+        ("node", 4, [("0", "0", "2", "0", "2"), ("1", "0", "2", "1", "2"),
+                     ("2", "1", "2", "0", "2"), ("3", "1", "2", "1", "2")]),
+        ("uneven", 3, [("0", "0", "2", "0", "2"), ("1", "1", "2", "0", "2"),
+                       ("2", "0", "1", "1", "2")]),
+    ],
+)  # fmt: skip
+def test_across_hosts_outside_slurm_the_ranks_say_where_they_run(mapping, np, expected):
+    # mpi_two_hosts.py makes mpirun's variables say two hosts; the rest is real.
+    r = run([*MPIRUN, "-np", str(np), sys.executable, str(PROGRAMS / "mpi_two_hosts.py"),
+             mapping, PROBE])  # fmt: skip
     assert r.returncode == 0, r.stderr
     probes = tagged_json(r.stdout, "PROBE ")
-    assert values(probes, "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK") == [
-        ("0", "0", "2", "0"), ("1", "1", "2", "0"), ("2", "0", "2", "1"), ("3", "1", "2", "1")]
+    assert values(probes, "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE") == expected  # fmt: skip
     masters = {(p["env"]["MASTER_ADDR"], p["env"]["MASTER_PORT"]) for p in probes}
     assert len(masters) == 1 and masters.pop()[0] == socket.gethostname()
-    assert {p["all_reduce"] for p in probes} == {10.0}
+    assert {p["all_reduce"] for p in probes} == {np * (np + 1) / 2}
 
 
-def test_across_hosts_without_mpi4py_the_error_says_what_to_do():
+@pytest.mark.parametrize(
+    ("local_rank", "extra", "says"),
+    [
+        ("1", {}, "or set MASTER_ADDR"),  # block placement, but where is rank 0?
+        ("0", {"MASTER_ADDR": "head"}, "mpirun placed the ranks round-robin or unevenly"),
+    ],
+)
+def test_across_hosts_without_mpi4py_the_error_says_what_to_do(local_rank, extra, says):
     code = ("import sys; sys.modules['mpi4py'] = None\n"
             "from slurmddp import run; sys.exit(run.main(sys.argv[1:]))")  # fmt: skip
     fake = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
-            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
-    r = run([sys.executable, "-c", code, PROBE], **fake)
+            "OMPI_COMM_WORLD_LOCAL_RANK": local_rank, "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    r = run([sys.executable, "-c", code, PROBE], **fake, **extra)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
-    assert "pip install 'slurmddp[mpi]'" in r.stderr and "or set MASTER_ADDR" in r.stderr
+    assert "pip install 'slurmddp[mpi]'" in r.stderr and says in r.stderr, r.stderr
 
 
 def test_mpich_hydra_launches_every_rank():

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.placement import Placement, PlacementError, choose, cpu_threads
+from slurmddp.placement import (
+    Placement,
+    PlacementError,
+    choose,
+    cpu_threads,
+    cpus_near_gpu,
+    parse_cpulist,
+)
 
 
 def pick(requested="auto", *, local_rank=0, local_world=1, gpus=0, visible=None, nccl=True,
@@ -112,3 +119,24 @@ def test_cuda_index():
 )  # fmt: skip
 def test_cpu_threads_follow_what_the_rank_was_given(environ, usable, all_cpus, local, expected):
     assert cpu_threads(environ, usable, all_cpus, local) == expected
+
+
+def test_kernel_cpu_lists():
+    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    with pytest.raises(ValueError):
+        parse_cpulist("0-3,x")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "mine", "expected"),
+    [
+        (range(16), range(32), set(range(16))),  # unbound on two sockets: to its GPU's socket
+        (range(16, 32), range(32), set(range(16, 32))),
+        (range(32), range(32), None),  # one NUMA node: nothing to gain
+        (range(16), range(4, 8), None),  # bound by Slurm or the user: theirs
+        (range(16, 32), range(8), None),
+    ],
+)
+def test_a_rank_nothing_bound_moves_to_the_cpus_of_its_gpu(gpu, mine, expected):
+    got = cpus_near_gpu(frozenset(gpu), frozenset(mine), 32)
+    assert got == (frozenset(expected) if expected is not None else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -259,3 +260,27 @@ def test_ranks_that_claim_one_gpu_all_hear_it_at_the_rendezvous():
         rf"ranks (0 and 2|2 and 0) on {re.escape(socket.gethostname())} share one GPU \(GPU-a\) "
         r"and NCCL needs a GPU per rank: give each task its own \(--gpus-per-task=1, or "
         r"--gpus-per-node equal to --ntasks-per-node\) or use --backend gloo", said[0]), said
+
+
+def test_a_rank_moves_to_the_cpus_its_gpus_pci_device_lists(tmp_path, monkeypatch):
+    import types
+
+    from slurmddp import process_group
+
+    props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_device_properties=lambda index: props))  # fmt: skip
+    listed = process_group.gpu_cpulist(fake_torch, 0, sysfs=tmp_path)
+    assert listed == tmp_path / "bus/pci/devices/0000:3b:00.0/local_cpulist"
+    listed.parent.mkdir(parents=True)
+    listed.write_text("0-1\n")
+    moved: list[frozenset[int]] = []
+    monkeypatch.setattr(process_group, "gpu_cpulist", lambda torch, index: listed)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: moved.append(cpus))
+    process_group._run_near(fake_torch, 0)
+    assert moved == [frozenset({0, 1})]
+    listed.write_text("garbage")
+    process_group._run_near(fake_torch, 0)  # an unreadable list: left where it is
+    assert len(moved) == 1

@@ -1,15 +1,28 @@
-"""Run slurmddp.run as if mpirun had spread its ranks over two hosts, two ranks on each.
+"""Run slurmddp.run as if mpirun had spread its ranks over two hosts.
 
-mpirun on this one machine says every rank shares a host; a multi-host mpirun outside Slurm is
-the case where no variable names rank 0's host. The rest is real: MPI, mpi4py, gloo.
+    mpirun -np N python mpi_two_hosts.py slot|node|uneven SCRIPT [ARGS...]
+
+mpirun on this one machine says every rank shares a host; this sets what it would say on two
+hosts (each rank's local rank and count, and its host's name as SLURMD_NODENAME, which is what
+slurmddp calls a node): `slot` fills the first host with two ranks, then the second; `node`
+deals ranks round-robin (--map-by node); `uneven` is -np 3 over hosts of 2 and 1 slots. The
+rest is real: MPI, mpi4py, gloo.
 """
 
 import os
 import sys
 
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2"
-os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(rank % 2)
+size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+mapping = sys.argv.pop(1)
+node, local, local_size = {
+    "slot": (rank // 2, rank % 2, 2),
+    "node": (rank % 2, rank // 2, size // 2),
+    "uneven": (0, rank, 2) if rank < 2 else (1, 0, 1),
+}[mapping]
+os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(local_size)
+os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(local)
+os.environ["SLURMD_NODENAME"] = f"host{node}"
 
 from slurmddp import run  # noqa: E402
 
