@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-from slurmddp.env import DistEnv, NodesUnknown, resolve
+from slurmddp.env import DistEnv, NodesUnknown, hostfile_head, resolve
 from slurmddp.placement import THREADS_VAR, cpu_threads
 
 MASTER_HOST_FORMAT_VAR = "SLURMDDP_MASTER_HOST_FORMAT"
@@ -32,20 +32,21 @@ def bootstrap(
         return _current
     env = os.environ if environ is None else environ
     fmt = master_host_format or env.get(MASTER_HOST_FORMAT_VAR) or "{host}"
+    head = hostfile_head(env)  # a file read only under --distribution=arbitrary
     try:
-        dist = resolve(env, master_host_format=fmt)
-    except NodesUnknown:
+        dist = resolve(env, master_host_format=fmt, hostfile_head=head)
+    except NodesUnknown as e:
         # mpirun on several nodes: the ranks tell each other where they run.
         from slurmddp.mpi import survey
 
-        found = survey(pick_port="MASTER_PORT" not in env)
+        found = survey(e.world_size, pick_port="MASTER_PORT" not in env)
         if found is None:
-            dist = resolve(env, master_host_format=fmt, mpi_nodes="block")
+            dist = resolve(env, master_host_format=fmt, mpi_nodes="block", hostfile_head=head)
         else:
             told, port = found
             if port is not None:
                 env["MASTER_PORT"] = str(port)
-            dist = resolve(env, master_host_format=fmt, mpi_nodes=told)
+            dist = resolve(env, master_host_format=fmt, mpi_nodes=told, hostfile_head=head)
     env.update(dist.torchrun_env())
     _set_threads(env, dist)
     _current = dist

@@ -55,6 +55,10 @@ class NodesUnknown(EnvError):
     Slurm) where rank 0 runs. `slurmddp.bootstrap` then asks the ranks over MPI
     (`slurmddp.mpi.survey`) and resolves again with the answer (`MpiNodes`)."""
 
+    def __init__(self, message: str, world_size: int) -> None:
+        super().__init__(message)
+        self.world_size = world_size
+
 
 @dataclasses.dataclass(frozen=True)
 class MpiNodes:
@@ -167,6 +171,7 @@ class _Layout:
     node_rank: tuple[int, str]
     num_nodes: tuple[int, str]
     nodes: tuple[list[str], str] | None = None  # the hosts of this step, first one is rank 0's
+    unplaced: str | None = None  # why rank 0's host is unknown, when `nodes` is None
 
 
 # (launcher family, rank, size, local rank, local size)
@@ -195,18 +200,21 @@ def launcher_variables(environ: Mapping[str, str]) -> list[str]:
 
 
 def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
-            mpi_nodes: MpiNodes | Literal["block"] | None = None) -> DistEnv:  # fmt: skip
+            mpi_nodes: MpiNodes | Literal["block"] | None = None,
+            hostfile_head: str | None = None) -> DistEnv:  # fmt: skip
     """Resolve this process's distributed placement from `environ` (pure; see module doc).
 
     `master_host_format` maps the chosen master host name to the address ranks should dial,
     e.g. ``"{host}-ib0"`` where a cluster wants its InfiniBand interface names. `mpi_nodes` is
     what the ranks of an MPI job on several nodes told each other, or "block" to assume block
     placement (mpi4py missing); without either such a job raises `NodesUnknown`.
+    `hostfile_head` is the first host of $SLURM_HOSTFILE, rank 0's under
+    ``--distribution=arbitrary`` (`hostfile_head` reads it).
     Raises `EnvError` naming the variables when they contradict each other.
     """
     v = _Vars(environ)
-    layout = (_from_torchrun(v) or _from_env(v) or _from_mpi(v, mpi_nodes) or _from_slurm(v)
-              or _single())  # fmt: skip
+    layout = (_from_torchrun(v) or _from_env(v) or _from_mpi(v, mpi_nodes)
+              or _from_slurm(v, hostfile_head) or _single())  # fmt: skip
     _check(layout)
 
     job = v.first("SLURM_JOB_ID", "SLURM_JOBID")
@@ -362,7 +370,7 @@ def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | N
     # MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK counts processes, not nodes), and
     # mpirun may map round-robin (--map-by node) or put uneven counts on the hosts.
     if told is None:
-        raise NodesUnknown(f"{family}: {size[0]} ranks on several nodes")
+        raise NodesUnknown(f"{family}: {size[0]} ranks on several nodes", size[0])
     if told == "block":
         return _block_placement(rank, size, local_rank, local_size)
     source = "rule: ranks counted per host over MPI (mpi4py)"
@@ -372,7 +380,8 @@ def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | N
             "host: give each node a distinct host name (SLURMD_NODENAME or the system's)"
         )
     return _Layout("mpi", rank, size, local_rank, local_size, (told.node_rank, source),
-                   (told.num_nodes, source), ([told.master_host], source))  # fmt: skip
+                   (told.num_nodes, source),
+                   ([told.master_host], "rule: rank 0's host, told over MPI (mpi4py)"))  # fmt: skip
 
 
 def _block_placement(rank: tuple[int, str], size: tuple[int, str], local_rank: tuple[int, str],
@@ -392,7 +401,7 @@ def _block_placement(rank: tuple[int, str], size: tuple[int, str], local_rank: t
                    (rank[0] // per_node, rule), (size[0] // per_node, rule))  # fmt: skip
 
 
-def _from_slurm(v: _Vars) -> _Layout | None:
+def _from_slurm(v: _Vars, hostfile_head: str | None = None) -> _Layout | None:
     if not (v.has("SLURM_STEP_ID", "SLURM_STEPID") and v.has("SLURM_PROCID")):
         return None
     rank = v.integer("SLURM_PROCID")
@@ -419,8 +428,8 @@ def _from_slurm(v: _Vars) -> _Layout | None:
     if node_rank[0] >= num_nodes[0]:
         raise EnvError(f"{node_rank[1]}={node_rank[0]} is not below {num_nodes[1]}={num_nodes[0]}")
 
-    local_size = _slurm_local_size(v, node_rank, num_nodes, size)
     nodes = None
+    place = node_rank
     nodelist = v.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     if nodelist is not None:
         try:
@@ -432,8 +441,48 @@ def _from_slurm(v: _Vars) -> _Layout | None:
                 f"SLURM_STEP_NODELIST={nodelist[0]!r} names {len(hosts)} nodes but "
                 f"{num_nodes[1]}={num_nodes[0]}"
             )
-        nodes = (hosts, nodelist[1])
-    return _Layout("slurm", rank, size, local_rank, local_size, node_rank, num_nodes, nodes)
+        # The node list and the tasks per node are sorted by name; SLURM_NODEID is not always
+        # a place in them (a heterogeneous step counts its nodes component by component).
+        me = v.first("SLURMD_NODENAME")
+        if nodelist[1] == "SLURM_STEP_NODELIST" and me is not None and me[0] in hosts:
+            place = (hosts.index(me[0]), me[1])
+        nodes = _rank_0_first(v, hosts, nodelist[1], hostfile_head)
+    local_size = _slurm_local_size(v, place, num_nodes, size)
+    unplaced = None
+    if nodes is not None and not nodes[0]:
+        nodes, unplaced = None, (
+            "--distribution=arbitrary places rank 0 on the first host of SLURM_HOSTFILE, which "
+            "this rank cannot read: keep the file on a shared file system, or set MASTER_ADDR "
+            "to that host")  # fmt: skip
+    return _Layout("slurm", rank, size, local_rank, local_size, node_rank, num_nodes, nodes,
+                   unplaced)  # fmt: skip
+
+
+def _rank_0_first(v: _Vars, hosts: list[str], name: str,
+                  hostfile_head: str | None) -> tuple[list[str], str]:  # fmt: skip
+    """The step's hosts with rank 0's first: the sorted node list is not in task order when the
+    tasks follow a host file (``--distribution=arbitrary``) or come component by component (a
+    heterogeneous step). No hosts when the host file was needed and not read."""
+    distribution = v.first("SLURM_DISTRIBUTION")
+    if distribution is not None and distribution[0].startswith("arbitrary"):
+        if hostfile_head is None:
+            return [], "SLURM_HOSTFILE"
+        return [hostfile_head, *hosts], "rule: first host of SLURM_HOSTFILE (arbitrary)"
+    components = v.integer("SLURM_HET_SIZE", "SLURM_PACK_SIZE", minimum=1)
+    if components is None:
+        return hosts, f"rule: first host of {name}"
+    ordered: list[str] = []
+    for group in range(components[0]):
+        listed = v.first(f"SLURM_JOB_NODELIST_HET_GROUP_{group}",
+                         f"SLURM_JOB_NODELIST_PACK_GROUP_{group}")  # fmt: skip
+        try:
+            ordered += hostlist.expand(listed[0]) if listed is not None else []
+        except ValueError as e:
+            raise EnvError(f"{listed[1]}: {e}") from None  # type: ignore[index]
+    step = set(hosts)
+    ordered = [h for h in dict.fromkeys(ordered) if h in step]
+    return ordered + [h for h in hosts if h not in ordered], (
+        f"rule: first host of the first component in {name} (heterogeneous job)")
 
 
 def _slurm_local_size(
@@ -487,9 +536,11 @@ def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]
         return given[0].strip(), "MASTER_ADDR"
     if layout.world_size[0] == 1 or (layout.num_nodes[0] == 1 and layout.launcher != "slurm"):
         return LOOPBACK, "rule: all ranks on one node"
+    if layout.unplaced is not None:
+        raise EnvError(layout.unplaced)
     if layout.nodes is not None:
         host = layout.nodes[0][0]
-        source = f"rule: first host of {layout.nodes[1]}"
+        source = layout.nodes[1]
     elif layout.launcher == "mpi" and (job := v.first("SLURM_JOB_NODELIST", "SLURM_NODELIST")):
         # mpirun runs on the batch host, the allocation's first node, and puts rank 0 there.
         try:
@@ -546,3 +597,20 @@ def derive_port(job_id: int, step_id: int = 0) -> int:
     ids agree modulo 8.
     """
     return PORT_BASE + (job_id * _STEPS_PER_JOB + step_id % _STEPS_PER_JOB) % PORT_SPAN
+
+
+def hostfile_head(environ: Mapping[str, str]) -> str | None:
+    """The first host of $SLURM_HOSTFILE where the tasks follow it (``--distribution=arbitrary``;
+    rank 0 runs there), else None; None too where the file cannot be read."""
+    if not environ.get("SLURM_DISTRIBUTION", "").startswith("arbitrary"):
+        return None
+    try:
+        with open(environ["SLURM_HOSTFILE"]) as f:
+            for line in f:
+                first = line.replace(",", " ").split()
+                if first:
+                    return hostlist.expand(first[0])[0]
+    except (KeyError, OSError, ValueError, IndexError):
+        pass
+    return None
+

@@ -14,24 +14,28 @@ import socket
 from slurmddp.env import MpiNodes
 
 
-def survey(*, pick_port: bool) -> tuple[MpiNodes, int | None] | None:
+def survey(world_size: int, *, pick_port: bool) -> tuple[MpiNodes, int | None] | None:
     """This rank's node among the job's, rank 0's host name and (with `pick_port`) a free port
-    on it; None without mpi4py. A collective over MPI_COMM_WORLD."""
+    on it; None without mpi4py, or where MPI's world is not the `world_size` ranks the launcher's
+    variables describe. A collective over MPI_COMM_WORLD."""
     try:
         from mpi4py import MPI
     except ImportError:
         return None
     comm = MPI.COMM_WORLD
+    if comm.Get_size() != world_size:
+        return None
     rank = comm.Get_rank()
-    # A node is what Slurm calls one (several slurmd may share a host), else the host.
+    # A node is what Slurm calls one (several slurmd may share a host; its node list, which
+    # srun's master comes from, names them so), else the host.
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     port = _free_port() if pick_port and rank == 0 else None
-    everyone = comm.allgather((node, socket.gethostname(), port))  # this job's ranks only
-    nodes = list(dict.fromkeys(n for n, _, _ in everyone))  # in the order of their lowest rank
+    everyone = comm.allgather((node, port))  # this job's ranks only
+    nodes = list(dict.fromkeys(n for n, _ in everyone))  # in the order of their lowest rank
     told = MpiNodes(node_rank=nodes.index(node), num_nodes=len(nodes),
-                    ranks_here=sum(n == node for n, _, _ in everyone),
-                    master_host=everyone[0][1])  # fmt: skip
-    return told, everyone[0][2]
+                    ranks_here=sum(n == node for n, _ in everyone),
+                    master_host=everyone[0][0])  # fmt: skip
+    return told, everyone[0][1]
 
 
 def _free_port() -> int:

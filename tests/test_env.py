@@ -16,6 +16,7 @@ from slurmddp.env import (
     MpiNodes,
     NodesUnknown,
     derive_port,
+    hostfile_head,
     resolve,
 )
 from tests.fake_env import block_position, srun_env
@@ -87,9 +88,65 @@ def test_uneven_tasks_per_node_is_not_ntasks_over_nnodes():
     # srun -N3 -n5: 2,2,1. ntasks // nnodes would say 1 everywhere.
     d = resolve(srun_env(4, [2, 2, 1], spec="2(x2),1"))
     assert (d.node_rank, d.local_rank, d.local_world_size) == (2, 0, 1)
-    assert d.sources["local_world_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
+    assert d.sources["local_world_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURMD_NODENAME]"
     d = resolve(srun_env(1, [2, 2, 1], spec="2(x2),1"))
     assert d.local_world_size == 2
+    without_name = srun_env(4, [2, 2, 1]) | {"SLURMD_NODENAME": "elsewhere"}
+    d = resolve(without_name)
+    assert d.local_world_size == 1
+    assert d.sources["local_world_size"] == "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]"
+
+
+# As the local cluster gave them: a heterogeneous step, component 0 (1 task) on n3, component 1
+# (3 tasks) on n1 and n2. The node list and tasks per node are sorted by name; SLURM_NODEID
+# follows the components (n3 is 0).
+def het_env(rank: int) -> dict[str, str]:
+    node, nodeid, local = {0: ("n3", 0, 0), 1: ("n1", 1, 0), 2: ("n1", 1, 1), 3: ("n2", 2, 0)}[rank]
+    return {
+        "SLURM_JOB_ID": "559", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(local), "SLURM_NODEID": str(nodeid), "SLURMD_NODENAME": node,
+        "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "3", "SLURM_STEP_NODELIST": "n[1-3]",
+        "SLURM_STEP_TASKS_PER_NODE": "2,1(x2)", "SLURM_JOB_NODELIST": "n[1-3]",
+        "SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "n3",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "n[1-2]",
+    }  # fmt: skip
+
+
+def test_a_heterogeneous_step_takes_rank_0s_component_and_each_nodes_own_count():
+    got = [resolve(het_env(r)) for r in range(4)]
+    assert [(d.node_rank, d.local_rank, d.local_world_size) for d in got] == [
+        (0, 0, 1), (1, 0, 2), (1, 1, 2), (2, 0, 1)]  # fmt: skip
+    assert {d.master_addr for d in got} == {"n3"}
+    assert "heterogeneous job" in got[1].sources["master_addr"]
+    # Older Slurm names the components PACK_GROUP.
+    old = {k.replace("HET_GROUP", "PACK_GROUP").replace("HET_SIZE", "PACK_SIZE"): v
+           for k, v in het_env(2).items()}  # fmt: skip
+    assert resolve(old).master_addr == "n3"
+
+
+def test_a_step_in_one_component_of_a_heterogeneous_job_is_an_ordinary_step():
+    env = srun_env(2, [2, 1], nodes=["n1", "n2"]) | {
+        "SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "n3",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "n[1-2]"}  # fmt: skip
+    assert resolve(env).master_addr == "n1"
+
+
+def test_arbitrary_distribution_puts_the_master_on_the_hosts_files_first_host(tmp_path):
+    # SLURM_HOSTFILE n3, n1, n1, n2: rank 0 runs on n3; the node list is sorted.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n3\nn1\nn1\nn2\n")
+    env = srun_env(1, [2, 1, 1], nodes=["n1", "n2", "n3"]) | {
+        "SLURM_DISTRIBUTION": "arbitrary", "SLURM_HOSTFILE": str(hostfile)}  # fmt: skip
+    assert hostfile_head(env) == "n3"
+    d = resolve(env, hostfile_head=hostfile_head(env))
+    assert (d.master_addr, d.local_world_size) == ("n3", 2)
+    assert d.sources["master_addr"].startswith("rule: first host of SLURM_HOSTFILE")
+    hostfile.write_text("n[3-4],n1\n")
+    assert hostfile_head(env) == "n3"
+    with pytest.raises(EnvError, match="cannot read: keep the file on a shared file system"):
+        resolve(env | {"SLURM_HOSTFILE": str(tmp_path / "gone")},
+                hostfile_head=hostfile_head(env | {"SLURM_HOSTFILE": str(tmp_path / "gone")}))
+    assert resolve(env | {"MASTER_ADDR": "n3"}).master_addr == "n3"  # said: no file needed
 
 
 def test_step_nodelist_wins_over_the_batch_shells_nodelist():

@@ -12,6 +12,10 @@ pytestmark = pytest.mark.cluster
 
 PROBE = str(PROGRAMS / "probe.py")
 NODES = ["n1", "n2", "n3", "n4"]
+# Root may run mpirun only when it says so, four ranks oversubscribe two cores, and the local
+# cluster's nodes share one host, where Open MPI's shared-memory transport between processes it
+# believes on different nodes crashes (vader): TCP between them, as between real nodes.
+MPIRUN_ON_NODES = "--allow-run-as-root --oversubscribe --mca btl self,tcp"
 
 
 def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
@@ -46,6 +50,32 @@ def test_srun_places_every_rank(slurm_cluster, python, n_nodes, n_tasks):
     if n_tasks == 5:
         counts = Counter(p["env"]["SLURMD_NODENAME"] for p in probes)
         assert sorted(counts.values()) != [1] * 5
+
+
+def test_a_heterogeneous_step_places_every_rank(slurm_cluster, python):
+    # Component 0 on n3, component 1 on n1 and n2: srun sorts the node list (n1, n2, n3) and
+    # the tasks per node with it, while SLURM_NODEID follows the components (n3 is node 0).
+    probe = [python, "-m", "slurmddp.run", PROBE]
+    r = slurm_cluster.run(["srun", "--kill-on-bad-exit=1", "-w", "n3", "-N1", "-n1", *probe, ":",
+                           "-w", "n1,n2", "-N2", "-n3", *probe])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    probes = tagged_json(r.stdout, "PROBE ")
+    check_probes(probes, 4, ["n3", "n1", "n2"])  # rank 0's node first, the master there
+
+
+def test_arbitrary_distribution_takes_the_master_from_the_host_file(slurm_cluster, python,
+                                                                    tmp_path):  # fmt: skip
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n3\nn1\nn1\nn2\n")
+    r = slurm_cluster.srun(["--distribution=arbitrary", "-n4"],
+                           [python, "-m", "slurmddp.run", PROBE],
+                           env=slurm_cluster.env(SLURM_HOSTFILE=str(hostfile)))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    probes = sorted(tagged_json(r.stdout, "PROBE "), key=lambda p: p["rank"])
+    assert [p["env"]["SLURMD_NODENAME"] for p in probes] == ["n3", "n1", "n1", "n2"]
+    assert [p["env"]["LOCAL_WORLD_SIZE"] for p in probes] == ["1", "2", "2", "1"]
+    assert {p["env"]["MASTER_ADDR"] for p in probes} == {"n3"}
+    assert all(p["all_reduce"] == 10 for p in probes)
 
 
 def test_torchrun_per_node_under_srun(slurm_cluster, python):
@@ -92,7 +122,7 @@ def test_doctor_shows_sources(slurm_cluster, python):
     r = slurm_cluster.srun(["-N3", "-n5"], [python, "-m", "slurmddp", "doctor"])
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("launcher slurm") == 5
-    assert "SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]" in r.stdout
+    assert "SLURM_STEP_TASKS_PER_NODE[SLURMD_NODENAME]" in r.stdout
     assert "rule: first host of SLURM_STEP_NODELIST" in r.stdout
 
 
@@ -118,7 +148,7 @@ def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, p
 def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, python, tmp_path):
     # mpirun starts its daemons as a Slurm step: their SLURM_PROCID is the daemon's, not a rank's.
     out = tmp_path / "job.out"
-    mpirun = f"mpirun --allow-run-as-root --oversubscribe -np 4 {python}"
+    mpirun = f"mpirun {MPIRUN_ON_NODES} -np 4 {python}"
     script = tmp_path / "job.sh"
     script.write_text(
         f"#!/bin/bash\n#SBATCH -N2 --ntasks-per-node=2 -o {out}\n"
@@ -133,6 +163,32 @@ def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, pyt
     check_probes(probes, 4, NODES[:2])
     assert {p["env"]["OMPI_COMM_WORLD_RANK"] for p in probes} == {"0", "1", "2", "3"}
     assert "4 ranks, 2 nodes, backend gloo, launcher mpi" in text and "all checks passed" in text
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("allocation", "mapping", "per_node"),
+    [("-N2 --ntasks-per-node=2", "--map-by node -np 4", {"n1": [0, 2], "n2": [1, 3]}),
+     ("-N2 -n3", "-np 3", {"n1": [0, 1], "n2": [2]})],
+    ids=["map-by-node", "uneven"],
+)  # fmt: skip
+def test_mpirun_round_robin_or_uneven_over_nodes(slurm_cluster, python, tmp_path, allocation,
+                                                 mapping, per_node):  # fmt: skip
+    out = tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH {allocation} -o {out}\n"
+        f"mpirun {MPIRUN_ON_NODES} {mapping} {python} -m slurmddp.run {PROBE}\n"
+    )
+    r = slurm_cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
+    text = out.read_text()
+    assert r.returncode == 0, text
+    probes = tagged_json(text, "PROBE ")
+    seen = defaultdict(list)
+    for p in probes:
+        seen[p["env"]["SLURMD_NODENAME"]].append(p["rank"])
+    assert {n: sorted(ranks) for n, ranks in seen.items()} == per_node  # mpirun placed them so
+    check_probes(probes, len(probes), ["n1", "n2"])
 
 
 def test_launcher_variables_left_in_an_salloc_shell_are_named_in_one_line(slurm_cluster, python):

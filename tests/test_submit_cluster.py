@@ -179,9 +179,11 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster, tmp_path):
     assert unknown.returncode == 2 and "was not submitted with slurmddp" in unknown.stderr
 
 
-# mpirun refuses root unless told, and four ranks oversubscribe this machine's two cores.
+# mpirun refuses root unless told, four ranks oversubscribe this machine's two cores, and the
+# local cluster's nodes share one host (see test_run_cluster.MPIRUN_ON_NODES): TCP between them.
 MPIRUN_AS_ROOT = ["--env", "OMPI_ALLOW_RUN_AS_ROOT=1", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                  "--env", "OMPI_MCA_rmaps_base_oversubscribe=1"]  # fmt: skip
+                  "--env", "OMPI_MCA_rmaps_base_oversubscribe=1",
+                  "--env", "OMPI_MCA_btl=self,tcp"]  # fmt: skip
 
 
 @pytest.mark.mpi

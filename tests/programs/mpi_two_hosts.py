@@ -2,11 +2,11 @@
 
     mpirun -np N python mpi_two_hosts.py slot|node|uneven SCRIPT [ARGS...]
 
-mpirun on this one machine says every rank shares a host; this sets what it would say on two
-hosts (each rank's local rank and count, and its host's name as SLURMD_NODENAME, which is what
-slurmddp calls a node): `slot` fills the first host with two ranks, then the second; `node`
-deals ranks round-robin (--map-by node); `uneven` is -np 3 over hosts of 2 and 1 slots. The
-rest is real: MPI, mpi4py, gloo.
+mpirun on this one machine says every rank shares a host; this sets what it would say on two hosts
+(each rank's local rank and count, and its node's name as SLURMD_NODENAME, which is what slurmddp
+calls a node: "localhost" and "127.0.0.1", two names that both reach this machine): `slot` fills
+the first host with two ranks, then the second; `node` deals ranks round-robin (--map-by node);
+`uneven` is -np 3 over hosts of 2 and 1 slots. The rest is real: MPI, mpi4py, gloo.
 """
 
 import os
@@ -22,7 +22,7 @@ node, local, local_size = {
 }[mapping]
 os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(local_size)
 os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(local)
-os.environ["SLURMD_NODENAME"] = f"host{node}"
+os.environ["SLURMD_NODENAME"] = ("localhost", "127.0.0.1")[node]
 
 from slurmddp import run  # noqa: E402
 
