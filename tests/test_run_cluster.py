@@ -52,15 +52,26 @@ def test_srun_places_every_rank(slurm_cluster, python, n_nodes, n_tasks):
         assert sorted(counts.values()) != [1] * 5
 
 
-def test_a_heterogeneous_step_places_every_rank(slurm_cluster, python):
+@pytest.mark.parametrize("how", ["srun", "sbatch"])
+def test_a_heterogeneous_step_places_every_rank(slurm_cluster, python, tmp_path, how):
     # Component 0 on n3, component 1 on n1 and n2: srun sorts the node list (n1, n2, n3) and
     # the tasks per node with it, while SLURM_NODEID follows the components (n3 is node 0).
-    probe = [python, "-m", "slurmddp.run", PROBE]
-    r = slurm_cluster.run(["srun", "--kill-on-bad-exit=1", "-w", "n3", "-N1", "-n1", *probe, ":",
-                           "-w", "n1,n2", "-N2", "-n3", *probe])  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    probes = tagged_json(r.stdout, "PROBE ")
-    check_probes(probes, 4, ["n3", "n1", "n2"])  # rank 0's node first, the master there
+    probe = f"{python} -m slurmddp.run {PROBE}"
+    if how == "srun":
+        r = slurm_cluster.run(["srun", "--kill-on-bad-exit=1", "-w", "n3", "-N1", "-n1",
+                               *probe.split(), ":", "-w", "n1,n2", "-N2", "-n3",
+                               *probe.split()])  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        text = r.stdout
+    else:
+        out = tmp_path / "job.out"
+        script = tmp_path / "het.sh"
+        script.write_text(f"#!/bin/bash\n#SBATCH -w n3 -N1 -n1 -o {out}\n#SBATCH hetjob\n"
+                          f"#SBATCH -w n1,n2 -N2 -n3\nsrun --het-group=0,1 {probe}\n")
+        r = slurm_cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
+        text = out.read_text()
+        assert r.returncode == 0, text
+    check_probes(tagged_json(text, "PROBE "), 4, ["n3", "n1", "n2"])  # rank 0's node first
 
 
 def test_arbitrary_distribution_takes_the_master_from_the_host_file(slurm_cluster, python,
