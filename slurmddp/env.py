@@ -448,25 +448,25 @@ def _from_slurm(v: _Vars, hostfile_head: str | None = None) -> _Layout | None:
             place = (hosts.index(me[0]), me[1])
         nodes = _rank_0_first(v, hosts, nodelist[1], hostfile_head)
     local_size = _slurm_local_size(v, place, num_nodes, size)
-    unplaced = None
-    if nodes is not None and not nodes[0]:
-        nodes, unplaced = None, (
-            "--distribution=arbitrary places rank 0 on the first host of SLURM_HOSTFILE, which "
-            "this rank cannot read: keep the file on a shared file system, or set MASTER_ADDR "
-            "to that host")  # fmt: skip
+    unplaced = _HOSTFILE_UNREAD if nodelist is not None and nodes is None else None
     return _Layout("slurm", rank, size, local_rank, local_size, node_rank, num_nodes, nodes,
                    unplaced)  # fmt: skip
 
 
+_HOSTFILE_UNREAD = (
+    "--distribution=arbitrary places rank 0 on the first host of SLURM_HOSTFILE, which this rank "
+    "cannot read: keep the file on a shared file system, or set MASTER_ADDR to that host")
+
+
 def _rank_0_first(v: _Vars, hosts: list[str], name: str,
-                  hostfile_head: str | None) -> tuple[list[str], str]:  # fmt: skip
+                  hostfile_head: str | None) -> tuple[list[str], str] | None:  # fmt: skip
     """The step's hosts with rank 0's first: the sorted node list is not in task order when the
     tasks follow a host file (``--distribution=arbitrary``) or come component by component (a
-    heterogeneous step). No hosts when the host file was needed and not read."""
+    heterogeneous step). None when the host file was needed and not read."""
     distribution = v.first("SLURM_DISTRIBUTION")
     if distribution is not None and distribution[0].startswith("arbitrary"):
         if hostfile_head is None:
-            return [], "SLURM_HOSTFILE"
+            return None
         return [hostfile_head, *hosts], "rule: first host of SLURM_HOSTFILE (arbitrary)"
     components = v.integer("SLURM_HET_SIZE", "SLURM_PACK_SIZE", minimum=1)
     if components is None:
@@ -475,10 +475,12 @@ def _rank_0_first(v: _Vars, hosts: list[str], name: str,
     for group in range(components[0]):
         listed = v.first(f"SLURM_JOB_NODELIST_HET_GROUP_{group}",
                          f"SLURM_JOB_NODELIST_PACK_GROUP_{group}")  # fmt: skip
+        if listed is None:
+            continue
         try:
-            ordered += hostlist.expand(listed[0]) if listed is not None else []
+            ordered += hostlist.expand(listed[0])
         except ValueError as e:
-            raise EnvError(f"{listed[1]}: {e}") from None  # type: ignore[index]
+            raise EnvError(f"{listed[1]}: {e}") from None
     step = set(hosts)
     ordered = [h for h in dict.fromkeys(ordered) if h in step]
     return ordered + [h for h in hosts if h not in ordered], (
