@@ -18,6 +18,17 @@ NODES = ["n1", "n2", "n3", "n4"]
 MPIRUN_ON_NODES = "--allow-run-as-root --oversubscribe --mca btl self,tcp"
 
 
+def batch_job(cluster, tmp_path, sbatch_options: str, body: str) -> str:
+    """Run a batch script (`#SBATCH sbatch_options`, then `body`) to its end; its output."""
+    out = tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH -o {out} {sbatch_options}\n{body}\n")
+    r = cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
+    text = out.read_text()
+    assert r.returncode == 0, text
+    return text
+
+
 def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
     """Every rank's exported values agree with where Slurm really put it."""
     assert sorted(p["rank"] for p in probes) == list(range(world))
@@ -64,13 +75,8 @@ def test_a_heterogeneous_step_places_every_rank(slurm_cluster, python, tmp_path,
         assert r.returncode == 0, r.stderr
         text = r.stdout
     else:
-        out = tmp_path / "job.out"
-        script = tmp_path / "het.sh"
-        script.write_text(f"#!/bin/bash\n#SBATCH -w n3 -N1 -n1 -o {out}\n#SBATCH hetjob\n"
-                          f"#SBATCH -w n1,n2 -N2 -n3\nsrun --het-group=0,1 {probe}\n")
-        r = slurm_cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
-        text = out.read_text()
-        assert r.returncode == 0, text
+        text = batch_job(slurm_cluster, tmp_path, "-w n3 -N1 -n1\n#SBATCH hetjob\n"
+                         "#SBATCH -w n1,n2 -N2 -n3", f"srun --het-group=0,1 {probe}")
     check_probes(tagged_json(text, "PROBE "), 4, ["n3", "n1", "n2"])  # rank 0's node first
 
 
@@ -158,17 +164,10 @@ def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, p
 @pytest.mark.mpi
 def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, python, tmp_path):
     # mpirun starts its daemons as a Slurm step: their SLURM_PROCID is the daemon's, not a rank's.
-    out = tmp_path / "job.out"
     mpirun = f"mpirun {MPIRUN_ON_NODES} -np 4 {python}"
-    script = tmp_path / "job.sh"
-    script.write_text(
-        f"#!/bin/bash\n#SBATCH -N2 --ntasks-per-node=2 -o {out}\n"
-        f"{mpirun} -m slurmddp.run {PROBE} || exit 1\n"
-        f"{mpirun} -m slurmddp doctor --check\n"
-    )
-    r = slurm_cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
-    text = out.read_text()
-    assert r.returncode == 0, text
+    text = batch_job(slurm_cluster, tmp_path, "-N2 --ntasks-per-node=2",
+                     f"{mpirun} -m slurmddp.run {PROBE} || exit 1\n"
+                     f"{mpirun} -m slurmddp doctor --check")  # fmt: skip
     probes = tagged_json(text, "PROBE ")
     assert len(probes) == 4
     check_probes(probes, 4, NODES[:2])
@@ -185,15 +184,8 @@ def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, pyt
 )  # fmt: skip
 def test_mpirun_round_robin_or_uneven_over_nodes(slurm_cluster, python, tmp_path, allocation,
                                                  mapping, per_node):  # fmt: skip
-    out = tmp_path / "job.out"
-    script = tmp_path / "job.sh"
-    script.write_text(
-        f"#!/bin/bash\n#SBATCH {allocation} -o {out}\n"
-        f"mpirun {MPIRUN_ON_NODES} {mapping} {python} -m slurmddp.run {PROBE}\n"
-    )
-    r = slurm_cluster.run(["sbatch", "--wait", str(script)], cwd=tmp_path)
-    text = out.read_text()
-    assert r.returncode == 0, text
+    text = batch_job(slurm_cluster, tmp_path, allocation,
+                     f"mpirun {MPIRUN_ON_NODES} {mapping} {python} -m slurmddp.run {PROBE}")
     probes = tagged_json(text, "PROBE ")
     seen = defaultdict(list)
     for p in probes:
