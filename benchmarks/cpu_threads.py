@@ -1,6 +1,6 @@
 """CPU threads per rank under srun: steps per second of a 2 nodes x 2 ranks DDP loop (gloo) on
 the local cluster, started by ``python -m slurmddp.run`` (which sets each rank's intra-op threads,
-`slurmddp.placement.cpu_threads`) against the same loop with env:// set by hand and torch's
+`slurmddp.rank.placement.cpu_threads`) against the same loop with env:// set by hand and torch's
 default threads, and under ``srun torchrun`` (which sets OMP_NUM_THREADS=1 itself).
 
     python -m benchmarks.cpu_threads [--steps 300] [--repeats 3]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.cluster import cluster_env
 from benchmarks.table import Row, alternate, report
-from slurmddp.hostlist import expand
+from slurmddp.rank.hostlist import expand
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 PROBE = str(PROGRAMS / "probe.py")

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 from benchmarks.table import Row, alternate, report, timed
-from slurmddp.hostlist import compress, expand
+from slurmddp.rank.hostlist import compress, expand
 
 SIZES = (10, 1_000, 100_000)
 RACK = 40
@@ -136,7 +136,7 @@ def _compare(
 
 def _agree(what: str, theirs: object, ours: object) -> None:
     if theirs != ours:
-        raise RuntimeError(f"hostlist benchmark: {what} disagrees with slurmddp.hostlist")
+        raise RuntimeError(f"hostlist benchmark: {what} disagrees with slurmddp.rank.hostlist")
 
 
 def main() -> None:

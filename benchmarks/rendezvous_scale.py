@@ -103,7 +103,7 @@ def _per_call(fn: Callable[[], object], calls: int) -> Callable[[], float]:
 
 def pure_costs(calls: int, repeats: int) -> list[Row]:
     """`env.resolve` and `hostlist.expand` of a 2048-node job against a 1-node one."""
-    from slurmddp import env, hostlist
+    from slurmddp.rank import env, hostlist
 
     rank = NODES * TASKS_PER_NODE - 1  # the last rank: its node's entry is the farthest
     big, one = slurm_environ(NODES, TASKS_PER_NODE, rank), slurm_environ(1, TASKS_PER_NODE, 7)

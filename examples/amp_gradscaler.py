@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import slurmddp
-from slurmddp import train_state
+from slurmddp.training import train_state
 
 
 def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

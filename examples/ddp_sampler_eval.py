@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 import slurmddp
-from slurmddp import train_state
+from slurmddp.training import train_state
 
 
 def make_data(n: int, seed: int) -> TensorDataset:

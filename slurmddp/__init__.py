@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "DistEnv": "slurmddp.env",
-    "EnvError": "slurmddp.env",
-    "resolve": "slurmddp.env",
-    "bootstrap": "slurmddp.bootstrap",
-    "init": "slurmddp.process_group",
-    "JobSpec": "slurmddp.jobspec",
-    "build_spec": "slurmddp.jobspec",
-    "submit": "slurmddp.submission",
-    "should_stop": "slurmddp.preemption",
-    "requeue": "slurmddp.preemption",
-    "mark_done": "slurmddp.preemption",
+    "DistEnv": "slurmddp.rank.env",
+    "EnvError": "slurmddp.rank.env",
+    "resolve": "slurmddp.rank.env",
+    "bootstrap": "slurmddp.rank.bootstrap",
+    "init": "slurmddp.rank.process_group",
+    "JobSpec": "slurmddp.batch.jobspec",
+    "build_spec": "slurmddp.batch.jobspec",
+    "submit": "slurmddp.batch.submission",
+    "should_stop": "slurmddp.preemption.api",
+    "requeue": "slurmddp.preemption.api",
+    "mark_done": "slurmddp.preemption.api",
     "Checkpointer": "slurmddp.checkpoint",
-    "ResumableDistributedSampler": "slurmddp.sampler",
+    "ResumableDistributedSampler": "slurmddp.training.sampler",
 }
 
 __all__ = [
@@ -32,14 +32,14 @@ __all__ = [
 ]  # fmt: skip
 
 if TYPE_CHECKING:
-    from slurmddp.bootstrap import bootstrap
+    from slurmddp.batch.jobspec import JobSpec, build_spec
+    from slurmddp.batch.submission import submit
     from slurmddp.checkpoint import Checkpointer
-    from slurmddp.env import DistEnv, EnvError, resolve
-    from slurmddp.jobspec import JobSpec, build_spec
-    from slurmddp.preemption import mark_done, requeue, should_stop
-    from slurmddp.process_group import init
-    from slurmddp.sampler import ResumableDistributedSampler
-    from slurmddp.submission import submit
+    from slurmddp.preemption.api import mark_done, requeue, should_stop
+    from slurmddp.rank.bootstrap import bootstrap
+    from slurmddp.rank.env import DistEnv, EnvError, resolve
+    from slurmddp.rank.process_group import init
+    from slurmddp.training.sampler import ResumableDistributedSampler
 
 
 def __getattr__(name: str) -> Any:

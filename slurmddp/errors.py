@@ -21,8 +21,59 @@ INTERNAL_ERROR = 1
 DEBUG_VARIABLE = "SLURMDDP_DEBUG"
 
 
-class UserError(Exception):
+class SlurmddpError(Exception):
+    """Every error slurmddp raises on purpose; the message is one line."""
+
+
+class UserError(SlurmddpError):
     """Bad input from the user; the message alone, one line, says what and what to do."""
+
+
+# Bad input, by where it came from. The second base keeps ``except ValueError`` (or
+# RuntimeError) working for callers that caught what these were before.
+
+
+class EnvError(UserError, ValueError):
+    """The environment describes no consistent distributed job; the message names the variables."""
+
+
+class PlacementError(UserError, ValueError):
+    """The requested backend cannot run here; the message says what to use instead."""
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration file or option is wrong; the one-line message names it and the fix."""
+
+
+class SpecError(UserError, ValueError):
+    """A job description sbatch would refuse or misread; the message says which value and why."""
+
+
+class TemplateError(UserError, ValueError):
+    """A user template cannot be read or rendered; the message names the file and the fault."""
+
+
+class HostlistError(UserError, ValueError):
+    """A Slurm host list or tasks-per-node expression that cannot be parsed."""
+
+
+class SignalError(UserError, ValueError):
+    """A stop signal name that is no signal, or one Slurm cannot deliver as asked."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint could not be saved or loaded; the message is one line and says what to do."""
+
+
+# Failures of the system rather than of the input: the message says why and what to do.
+
+
+class StartupError(SlurmddpError, RuntimeError):
+    """The process group could not start; the message says why and what to do."""
+
+
+class SubmissionError(SlurmddpError, RuntimeError):
+    """sbatch refused the job or could not be run; the message says why."""
 
 
 def debug() -> bool:
@@ -56,6 +107,11 @@ def reported(prog: str) -> Iterator[None]:
     except Exception as e:
         fail(f"{type(e).__name__}: {one_line(e)} (set {DEBUG_VARIABLE}=1 for the traceback)",
              prog=prog, status=INTERNAL_ERROR)  # fmt: skip
+
+
+def warn(message: str) -> None:
+    """``slurmddp: message`` on stderr: something the user should know, not an error."""
+    print(f"slurmddp: {message}", file=sys.stderr, flush=True)
 
 
 def one_line(e: BaseException) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.agent import with_rdzv_port
-from slurmddp.env import derive_port
+from slurmddp.rank.agent import with_rdzv_port
+from slurmddp.rank.env import derive_port
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
 

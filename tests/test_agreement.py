@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from slurmddp import agreement
+from slurmddp.preemption import agreement
 from tests.conftest import launcher_free_env
 from tests.test_process_group import free_port
 
@@ -39,7 +39,7 @@ def test_the_collective_gap_follows_the_pace_and_at_most_doubles(previous, secon
 PROGRAM = """
     import json, os, signal, sys, time, slurmddp
     import torch.distributed as td
-    from slurmddp.agreement import agreement
+    from slurmddp.preemption.agreement import agreement
     spec = json.loads(sys.argv[1])
     d = slurmddp.init(**spec["init"])
     reductions, reduce = 0, td.all_reduce

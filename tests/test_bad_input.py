@@ -34,7 +34,7 @@ RESUME = """\
 import sys
 import torch
 import slurmddp
-from slurmddp import train_state
+from slurmddp.training import train_state
 
 width = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
@@ -94,7 +94,8 @@ def saved(work: Path, width: int = 4, **state) -> Path:
     """A good checkpoint of RESUME's model at step 1 in work/ck; its step directory."""
     import torch
 
-    from slurmddp import Checkpointer, train_state
+    from slurmddp import Checkpointer
+    from slurmddp.training import train_state
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
@@ -443,13 +444,14 @@ def test_the_debug_variable_shows_the_traceback(world):
     stderr = r.stderr.decode()
     assert r.returncode == 2
     assert stderr.startswith("Traceback (most recent call last):")
-    assert "slurmddp/checkpoint.py" in stderr and "resume.py" in stderr
+    assert "slurmddp/checkpoint/" in stderr and "resume.py" in stderr
     assert stderr.splitlines()[-1].startswith("python -m slurmddp.run: error: no valid checkpoint")
 
 
 @pytest.mark.parametrize("debug", [False, True])
 def test_an_unexpected_error_is_one_line_naming_its_type(monkeypatch, capsys, tmp_path, debug):
-    from slurmddp import cli, config
+    from slurmddp import cli
+    from slurmddp.batch import config
 
     def broken(*args, **kwargs):
         raise OSError("disk on fire\nsecond line")

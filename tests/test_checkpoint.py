@@ -849,7 +849,7 @@ def test_two_ranks_sharded_plain_tensors_and_fsdp2(tmp_path):
         assert out["fsdp"] == [1, True]
 
 
-# The ranks start through slurmddp.init, so the rendezvous store is known (slurmddp.coordination).
+# The ranks start through slurmddp.init, so the rendezvous store is known (rank.coordination).
 SLURMDDP_PRELUDE = """
 import datetime, json, os, sys, time, warnings
 import torch, torch.distributed as td

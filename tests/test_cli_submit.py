@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.cli import build_parser
-from slurmddp.cli_submit import split_target
+from slurmddp.cli.submit import split_target
 from tests.conftest import ROOT, launcher_free_env, tagged_json
 
 TRAIN = str(ROOT / "examples" / "ddp_train.py")

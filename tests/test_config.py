@@ -1,4 +1,4 @@
-"""slurmddp.config: file discovery, layer precedence with sources, profiles, merge rules, errors."""
+"""batch.config: file discovery, layer precedence with sources, profiles, merge rules, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.config import (
+from slurmddp.batch.config import (
     DEFAULTS,
     ConfigError,
     ConfigFiles,
@@ -554,7 +554,7 @@ def test_module_works_with_tomli_when_tomllib_is_absent(tmp_path):
         sys.modules["tomllib"] = None  # import tomllib now raises ImportError
         sys.version_info = (3, 10, 13, "final", 0)
         from pathlib import Path
-        from slurmddp import config
+        from slurmddp.batch import config
         assert config.tomllib is tomli
         files = config.load_sources(Path(sys.argv[1]), {})
         print(config.resolve_settings({}, None, files)["qos"])

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from slurmddp.decision import Facts, decide, job_fields, seconds, seconds_left
+from slurmddp.preemption.decision import Facts, decide, job_fields, seconds, seconds_left
 from tests.conftest import launcher_free_env
 
 PREEMPTED = {"JobState": "RUNNING", "PreemptTime": "2026-11-22T11:00:00", "TimeLimit": "UNLIMITED",
@@ -120,7 +120,7 @@ def test_scontrol_show_job_fields():
 def test_the_batch_shell_command_prints_its_action_and_messages():
     env = launcher_free_env(SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1",
                             SLURMDDP_MAX_REQUEUES="5", SLURMDDP_SIGNAL_LEAD="120")  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "slurmddp.decision", "--step-status", "0",
+    r = subprocess.run([sys.executable, "-m", "slurmddp.preemption.decision", "--step-status", "0",
                         "--asked", "USR2"], input=SHOW_JOB, env=env, capture_output=True,
                        text=True)  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from slurmddp.emulation import step_environment
-from slurmddp.env import resolve
+from slurmddp.batch.emulation import step_environment
+from slurmddp.rank.env import resolve
 from tests.conftest import ROOT, tagged_json
 from tests.test_cli_submit import slurmddp
 

@@ -1,4 +1,4 @@
-"""Unit tables for slurmddp.env.resolve: every launcher's variables, the known traps, bad input."""
+"""Unit tables for rank.env.resolve: every launcher's variables, the known traps, bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmddp.env import (
+from slurmddp.rank.env import (
     PORT_BASE,
     PORT_SPAN,
     DistEnv,
@@ -308,11 +308,11 @@ def test_mpirun_inside_sbatch_ignores_the_daemons_slurm_step():
 
 def test_mpi_on_several_nodes_needs_the_ranks_to_say_where_they_run():
     with pytest.raises(NodesUnknown):
-        resolve(ompi_env(3, 4, 1, 2))  # bootstrap then asks them over MPI (slurmddp.mpi)
+        resolve(ompi_env(3, 4, 1, 2))  # bootstrap then asks them over MPI (slurmddp.rank.mpi)
 
 
 # mpirun --map-by node over two nodes: ranks 0, 2 on the first, 1, 3 on the second. The ranks
-# told each other where they run (slurmddp.mpi.survey).
+# told each other where they run (slurmddp.rank.mpi.survey).
 @pytest.mark.parametrize(
     ("rank", "local", "local_world", "told", "expected"),
     [

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.emulation import step_environment
+from slurmddp.batch.emulation import step_environment
 from tests.conftest import ROOT, launcher_free_env, tagged_json
 from tests.test_cli_submit import slurmddp
 from tests.test_process_group import free_port

@@ -244,7 +244,7 @@ def latest_checkpoint(directory: Path) -> int | None:
 def submit_without_requeue(cluster, tmp_path: Path, argv: list[str]) -> str:
     """A job whose spec says requeue=False (#SBATCH --no-requeue), through the Python API: the
     command line always asks for --requeue (--max-requeues caps only the stop protocol's)."""
-    code = ("import sys; from slurmddp.jobspec import build_spec; from slurmddp import submit; "
+    code = ("import sys; from slurmddp import build_spec, submit; "
             "a = sys.argv[1:]; i = a.index('--'); "
             "print(submit(build_spec(a[i + 1:], nodes=a[0], ntasks_per_node=int(a[1]), "
             "sbatch_args=a[2:i], requeue=False)).job_id)")  # fmt: skip

@@ -58,7 +58,7 @@ def rank_env(**extra: str) -> dict[str, str]:
 def test_init_joins_nccl_with_the_device_bound(tmp_path):
     out = run_rank(
         """
-        from slurmddp.process_group import device
+        from slurmddp.rank.process_group import device
         group = td.distributed_c10d._get_default_group()
         t = torch.ones(4, device=device())
         td.all_reduce(t)
@@ -76,8 +76,8 @@ def test_the_agreement_tensor_lives_on_the_gpu_and_carries_the_stop(tmp_path):
     # directly, as it runs at every larger size.
     out = run_rank(
         """
-        from slurmddp.agreement import Agreement
-        from slurmddp.signals import STOP, TERM
+        from slurmddp.preemption.agreement import Agreement
+        from slurmddp.preemption.signals import STOP, TERM
         a = Agreement()
         quiet = a._reduce(td, 0, None, paced=True)
         stop = a._reduce(td, STOP, None, paced=True)
@@ -95,7 +95,7 @@ def test_the_agreement_tensor_lives_on_the_gpu_and_carries_the_stop(tmp_path):
 def test_cuda_generators_come_back_bitwise_through_a_checkpoint(tmp_path):
     out = run_rank(
         """
-        from slurmddp import train_state
+        from slurmddp.training import train_state
         from slurmddp.checkpoint import Checkpointer
         torch.cuda.manual_seed(1234)
         torch.randn(100, device="cuda")  # move the generator off its seed
@@ -192,7 +192,7 @@ def test_a_sharded_fsdp2_checkpoint_on_the_gpu_comes_back(tmp_path):
 AMP_TRAIN = """
 import hashlib
 from torch.nn.parallel import DistributedDataParallel
-from slurmddp import train_state
+from slurmddp.training import train_state
 from slurmddp.checkpoint import Checkpointer
 mode, save_at, stop_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
@@ -278,7 +278,8 @@ def test_two_ranks_on_one_gpu_are_told_in_one_line_before_nccl_starts(tmp_path):
 def test_the_rank_runs_on_the_cpus_the_kernel_lists_near_its_gpu(tmp_path):
     out = run_rank(
         """
-        from slurmddp import placement, process_group
+        from slurmddp.rank import placement
+        from slurmddp.rank import process_group
         listed = process_group.gpu_cpulist(torch, 0)
         near = placement.parse_cpulist(listed.read_text())
         out.update(path=str(listed), near=sorted(near), mine=sorted(os.sched_getaffinity(0)),

@@ -1,4 +1,4 @@
-"""slurmddp.hostlist: Slurm hostlist expressions and SLURM_TASKS_PER_NODE.
+"""slurmddp.rank.hostlist: Slurm hostlist expressions and SLURM_TASKS_PER_NODE.
 
 Every expected value below was read off Slurm 22.05's ``scontrol show hostnames`` /
 ``scontrol show hostlist``; tests/test_hostlist_cluster.py re-checks the tables against the real
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurmddp.hostlist import MAX_RANGE, compress, expand, expand_tasks_per_node
+from slurmddp.rank.hostlist import MAX_RANGE, compress, expand, expand_tasks_per_node
 
 # (nodelist, what `scontrol show hostnames` prints)
 EXPAND_CASES = [

@@ -1,4 +1,4 @@
-"""slurmddp.hostlist against the real Slurm tools: ``scontrol show hostnames|hostlist``.
+"""slurmddp.rank.hostlist against the real Slurm tools: ``scontrol show hostnames|hostlist``.
 
 Neither command talks to slurmctld (they only need a slurm.conf to start), and one run takes a
 few milliseconds, so every hypothesis example calls scontrol directly instead of batching.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from slurmddp.hostlist import compress, expand
+from slurmddp.rank.hostlist import compress, expand
 from tests.test_hostlist import COMPRESS_CASES, EXPAND_CASES, MALFORMED, host_lists, nodelists
 
 pytestmark = pytest.mark.cluster

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from slurmddp import jobs
+from slurmddp.batch import jobs
 
 
 def record(tmp_path, **kw) -> jobs.JobRecord:

@@ -1,4 +1,4 @@
-"""Unit tables for slurmddp.jobspec: the option parsers, `validate` and `build_spec`."""
+"""Unit tables for slurmddp.batch.jobspec: the option parsers, `validate` and `build_spec`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from slurmddp.jobspec import (
+from slurmddp.batch.jobspec import (
     JobSpec,
     SpecError,
     build_spec,

@@ -1,6 +1,6 @@
 import io
 
-from slurmddp.output import PrefixedStream
+from slurmddp.rank.output import PrefixedStream
 
 
 def test_every_line_gets_the_prefix_once():

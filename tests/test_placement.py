@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.placement import (
+from slurmddp.rank.placement import (
     Placement,
     PlacementError,
     choose,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp import preemption
+from slurmddp.preemption import api as preemption
 from tests.conftest import launcher_free_env
 
 
@@ -147,7 +147,7 @@ def test_requeue_waits_for_an_asynchronous_save_in_flight(tmp_path):
     requeue = tmp_path / "requeue"
     r = run_python(f"""
         import os, signal, time, torch, slurmddp
-        from slurmddp import preemption
+        from slurmddp.preemption import api as preemption
         preemption.install()
         ckpt = slurmddp.Checkpointer({str(tmp_path / "ckpt")!r}, async_save=True)
         ckpt.save(7, {{"w": torch.rand(64 << 20)}})  # 256 MiB: still being written on return

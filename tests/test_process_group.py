@@ -75,7 +75,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
     r = run_python(
         """
         import slurmddp
-        from slurmddp.placement import PlacementError
+        from slurmddp.rank.placement import PlacementError
         try:
             slurmddp.init("nccl")
         except PlacementError as e:
@@ -97,7 +97,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
 def test_init_takes_the_backend_the_job_was_submitted_with(submitted, call, expected):
     r = run_python(f"""
         import slurmddp, torch.distributed as td
-        from slurmddp.placement import PlacementError
+        from slurmddp.rank.placement import PlacementError
         try:
             {call}
             print(td.get_backend())
@@ -130,11 +130,11 @@ def test_doctor_bad_environment_is_one_line():
 # --- a bounded start-up (issue 7) ---------------------------------------------------------------
 
 START = """
-    import time, slurmddp, slurmddp.startup
+    import time, slurmddp, slurmddp.rank.startup
     t = time.monotonic()
     try:
         slurmddp.init("gloo")
-    except slurmddp.startup.StartupError as e:
+    except slurmddp.rank.startup.StartupError as e:
         print(f"{time.monotonic() - t:.1f} {e}")
     """
 
@@ -234,7 +234,7 @@ def test_init_after_importing_torch_still_sets_the_ranks_threads():
 
 CLAIM = """
     import sys, torch.distributed as td
-    from slurmddp import startup
+    from slurmddp.rank import startup
     rank, world, port, gpu = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     store = td.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
     try:
@@ -265,7 +265,7 @@ def test_ranks_that_claim_one_gpu_all_hear_it_at_the_rendezvous():
 def test_a_rank_moves_to_the_cpus_its_gpus_pci_device_lists(tmp_path, monkeypatch):
     import types
 
-    from slurmddp import process_group
+    from slurmddp.rank import process_group
 
     props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(

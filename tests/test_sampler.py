@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
-from slurmddp.sampler import ResumableDistributedSampler
+from slurmddp.training.sampler import ResumableDistributedSampler
 
 
 def global_order(size: int, seed: int, epoch: int, shuffle: bool) -> list[int]:

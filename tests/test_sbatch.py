@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmddp.jobspec import JobSpec, SpecError, build_spec
-from slurmddp.sbatch import context, render_script
-from slurmddp.templating import directive_quote
+from slurmddp.batch.jobspec import JobSpec, SpecError, build_spec
+from slurmddp.batch.sbatch import context, render_script
+from slurmddp.batch.templating import directive_quote
 from tests.conftest import tagged_json
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -110,8 +110,8 @@ def test_every_directive_comes_before_the_first_command(name):
 def test_rendering_imports_no_torch():
     # `slurmddp submit` runs on login nodes, where importing torch is slow or impossible.
     code = (
-        "import sys; from slurmddp.jobspec import build_spec; "
-        "from slurmddp.sbatch import render_script; "
+        "import sys; from slurmddp.batch.jobspec import build_spec; "
+        "from slurmddp.batch.sbatch import render_script; "
         "render_script(build_spec(['t.py'], cwd='/x')); "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -178,7 +178,7 @@ exec "$@"
 FAKE_SCONTROL = "#!/bin/bash\necho n1\necho n2\n"
 RECORDER = """#!{python}
 import json, os, sys
-if sys.argv[1:3] == ["-m", "slurmddp.decision"]:  # the batch shell's decision: the real one
+if sys.argv[1:3] == ["-m", "slurmddp.preemption.decision"]:  # the batch shell's decision
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 with open(os.environ["RECORD"], "w", encoding="utf-8") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
@@ -189,7 +189,8 @@ def stand_in(path: Path, body: str) -> Path:
     """An executable at `path` that the script runs as its python: `body` (bash) for the step,
     the real interpreter for the batch shell's decision."""
     body = body.removeprefix("#!/bin/bash\n")
-    path.write_text(f"#!/bin/bash\nif [[ $1 == -m && $2 == slurmddp.decision ]]; then exec "
+    path.write_text(f"#!/bin/bash\nif [[ $1 == -m && $2 == slurmddp.preemption.decision ]]; "
+                    f"then exec "
                     f"{sys.executable} \"$@\"; fi\n{body}")  # fmt: skip
     path.chmod(0o755)
     return path
@@ -331,7 +332,7 @@ def test_a_step_that_fails_at_once_fails_the_job(fakes, tmp_path):
 
 STEP_TAKING_USR2 = f"""#!{sys.executable}
 import os, signal, sys, time
-if sys.argv[1:3] == ["-m", "slurmddp.decision"]:
+if sys.argv[1:3] == ["-m", "slurmddp.preemption.decision"]:
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 def got(signum, frame):
     print("got-usr2", file=open(os.environ["OUT"], "a"))

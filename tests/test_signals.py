@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from slurmddp import signals
+from slurmddp.preemption import signals
 from tests.conftest import launcher_free_env
 
 
@@ -47,7 +47,7 @@ BLOCKED = """
 def test_the_stop_signal_sets_the_flag_and_children_never_see_it(sig):
     r = run_python(textwrap.dedent(BLOCKED) + textwrap.dedent(f"""
         import os, signal, subprocess, sys, time, slurmddp
-        from slurmddp import preemption
+        from slurmddp.preemption import api as preemption
         preemption.install()
         before = slurmddp.should_stop()
         os.kill(os.getpid(), signal.SIG{sig})
@@ -68,7 +68,7 @@ def test_the_stop_signal_sets_the_flag_and_children_never_see_it(sig):
 def test_term_keeps_its_default_effect_until_the_script_asks():
     r = run_python("""
         import os, signal, time
-        from slurmddp import preemption
+        from slurmddp.preemption import api as preemption
         preemption.install()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
@@ -93,7 +93,7 @@ def test_once_the_script_asks_term_stops_it_at_the_agreed_step():
 def test_a_term_handler_of_the_script_still_runs_whether_installed_before_or_after():
     r = run_python("""
         import os, signal, time, slurmddp
-        from slurmddp import signals
+        from slurmddp.preemption import signals
         got = []
         signal.signal(signal.SIGTERM, lambda s, f: got.append("before"))
         slurmddp.should_stop()
@@ -182,7 +182,7 @@ def test_dataloader_workers_outlive_slurms_signals_until_the_rank_stops(tmp_path
 def test_without_the_shield_a_spawned_worker_dies_of_slurms_term(tmp_path):
     # The same job with the DataLoader shield taken away fails: the test above can fail.
     script = tmp_path / "train.py"
-    script.write_text("import multiprocessing.process as p, slurmddp.signals as s\n"
+    script.write_text("import multiprocessing.process as p, slurmddp.preemption.signals as s\n"
                       "p.BaseProcess.start = s._original_start\n"
                       + textwrap.dedent(DATALOADER))  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "slurmddp.run", str(script), "spawn"],

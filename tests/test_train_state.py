@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from slurmddp import train_state
 from slurmddp.checkpoint import CheckpointError, _check_state
-from slurmddp.sampler import ResumableDistributedSampler
+from slurmddp.training import train_state
+from slurmddp.training.sampler import ResumableDistributedSampler
 from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
 from tests.test_process_group import free_port
 
@@ -121,9 +121,9 @@ def test_cuda_generators_are_captured_and_restored_when_cuda_is_there(monkeypatc
 TRAIN = """
 import hashlib, random, sys
 import numpy as np, torch
-from slurmddp import train_state
+from slurmddp.training import train_state
 from slurmddp.checkpoint import Checkpointer
-from slurmddp.sampler import ResumableDistributedSampler
+from slurmddp.training.sampler import ResumableDistributedSampler
 
 mode, directory, save_at, stop_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 torch.manual_seed(0); random.seed(0); np.random.seed(0)
@@ -194,7 +194,7 @@ def test_every_rank_gets_its_own_generators_back(tmp_path):
 
     results = run_ranks(
         """
-        from slurmddp import train_state
+        from slurmddp.training import train_state
         torch.manual_seed(100 + rank)  # ranks draw differently, e.g. dropout masks
         c = Checkpointer(D, keep=1)
         c.save(1, train_state.capture())  # collective: rank 0 writes every rank's RNG

@@ -26,7 +26,7 @@ for name in ${!TORCHELASTIC_@}; do unset "$name"; done
 
 # The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
 # rank 0 leaves the reason in the requeue file, and after the step this shell decides from what
-# Slurm records about the job (slurmddp.decision) whether to requeue it: the ranks need no Slurm
+# Slurm records about the job (slurmddp.preemption.decision) whether to requeue it: the ranks need no Slurm
 # tools (they may run in a container).
 export SLURMDDP_BACKEND=nccl
 export SLURMDDP_SIGNAL=USR2
@@ -145,7 +145,7 @@ fi
 if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
 if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
 for sig in $received; do facts+=(--received "$sig"); done
-verdict=$(immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | immune /opt/venv/bin/python -m slurmddp.decision "${facts[@]}")
+verdict=$(immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}")
 read -r action code target <<<"$verdict"
 case $action in
     finished)
@@ -169,6 +169,6 @@ case $action in
         fi
         exit 0 ;;
     *)
-        echo "slurmddp: no decision from python -m slurmddp.decision; the job ends with the step's status" >&2
+        echo "slurmddp: no decision from python -m slurmddp.preemption.decision; the job ends with the step's status" >&2
         exit "${status:-1}" ;;
 esac

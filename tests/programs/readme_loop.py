@@ -19,7 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import slurmddp
-from slurmddp import train_state
+from slurmddp.training import train_state
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=60)

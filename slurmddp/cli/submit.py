@@ -100,7 +100,7 @@ def split_target(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[
 
 def build(opts: argparse.Namespace, rest: list[str], prog: str):
     """(spec, script text) from parsed options; bad input raises `slurmddp.errors.UserError`."""
-    from slurmddp import config, jobspec, sbatch, templating
+    from slurmddp.batch import config, jobspec, sbatch, templating
 
     target = ["-m", opts.module, *rest] if opts.module else rest
     if not target:
@@ -157,7 +157,7 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
         sys.stdout.write(script)
         return 0
 
-    from slurmddp import jobs, submission
+    from slurmddp.batch import jobs, submission
 
     try:
         job = submission.submit(spec, local=opts.local, signal_after=opts.local_signal_after or ())

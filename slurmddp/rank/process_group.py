@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurmddp import placement, preemption, startup
-from slurmddp.bootstrap import bootstrap
-from slurmddp.env import DistEnv
+from slurmddp.preemption import api as preemption
+from slurmddp.rank import placement, startup
+from slurmddp.rank.bootstrap import bootstrap
+from slurmddp.rank.env import DistEnv
 
 _placement: placement.Placement | None = None
 
@@ -34,7 +35,7 @@ def init(
     timedelta) bounds every collective, and start-up when shorter; None keeps torch's default
     (30 minutes on gloo, 10 on nccl). `startup_timeout` (seconds, default
     $SLURMDDP_STARTUP_TIMEOUT or 300) bounds the wait for every rank to join; its failure is a
-    `slurmddp.startup.StartupError` naming the missing ranks. Calling `init` again returns the
+    `slurmddp.rank.startup.StartupError` naming the missing ranks. Calling `init` again returns the
     same `DistEnv` without touching the existing group.
     """
     import torch

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 import jinja2.sandbox
 
-from slurmddp.errors import UserError
+from slurmddp.errors import TemplateError
 
 TEMPLATE_PACKAGE = "slurmddp.templates"
 
@@ -43,9 +43,6 @@ def render(name: str, **context: object) -> str:
     """Render the shipped template `name` with `context`."""
     return environment().get_template(name).render(**context)
 
-
-class TemplateError(UserError, ValueError):
-    """A user template cannot be read or rendered; the message names the file and the fault."""
 
 
 def render_file(path: Path, **context: object) -> str:

@@ -14,7 +14,7 @@ this rank's arrival) and its failures are one clear `StartupError`:
 ``torch.distributed.init_process_group()`` (``env://``, the default) gets it too: the runner
 replaces torch's ``env://`` handler when torch is imported (`install_hook`). Once every rank has
 arrived, the store takes the process group's timeout again, as torch's own handler leaves it,
-and `slurmddp.coordination` keeps it for what collectives should not do (stop, long waits).
+and `slurmddp.rank.coordination` keeps it for what collectives should not do (stop, long waits).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
-from slurmddp import coordination
-from slurmddp.errors import UserError
+from slurmddp.errors import StartupError, UserError
+from slurmddp.rank import coordination
 
 TIMEOUT_VARIABLE = "SLURMDDP_STARTUP_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
@@ -43,9 +43,6 @@ _override_s: float | None = None  # `slurmddp.init(startup_timeout=...)`, for it
 _gpu: str | None = None  # the UUID of the GPU `slurmddp.init` gave this rank, for its one call
 _generation = 0  # each rendezvous of this process joins under its own keys
 
-
-class StartupError(RuntimeError):
-    """The process group could not start; the message says why and what to do."""
 
 
 def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:

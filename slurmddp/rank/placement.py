@@ -5,13 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from slurmddp.errors import UserError
+from slurmddp.errors import PlacementError
 
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 
-
-class PlacementError(UserError, ValueError):
-    """The requested backend cannot run here; the message says what to use instead."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +42,7 @@ def choose(
 
     `cuda_device_count` is what torch sees, `environ` says how the launcher bound GPUs to the
     task (`gpu_index`). `auto` means nccl on a GPU, gloo on CPU. Two ranks that end up on one
-    GPU are found at the rendezvous, by the GPU's UUID (`slurmddp.startup`).
+    GPU are found at the rendezvous, by the GPU's UUID (`slurmddp.rank.startup`).
     """
     if requested not in BACKENDS:
         raise PlacementError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)}")

@@ -8,9 +8,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from slurmddp.bootstrap import bootstrap
-from slurmddp.env import DistEnv, EnvError
 from slurmddp.errors import fail
+from slurmddp.rank.bootstrap import bootstrap
+from slurmddp.rank.env import DistEnv, EnvError
 
 PROG = "slurmddp doctor"
 
@@ -52,8 +52,8 @@ def run_checks(dist: DistEnv, backend: str, timeout: float) -> int:
     import torch
     import torch.distributed as td
 
-    from slurmddp.placement import PlacementError
-    from slurmddp.process_group import device, init
+    from slurmddp.rank.placement import PlacementError
+    from slurmddp.rank.process_group import device, init
 
     t0 = time.perf_counter()
     try:

@@ -8,12 +8,12 @@
             slurmddp.requeue()           # ends the process; the job comes back and resumes
     slurmddp.mark_done()                 # the work is done: nothing requeues it any more
 
-The stop signal and SIGTERM only set a flag (`slurmddp.signals`): a handler that wrote a
+The stop signal and SIGTERM only set a flag (`slurmddp.preemption.signals`): a handler that wrote a
 checkpoint or joined a collective could deadlock, since it runs between two bytecodes of whatever
 the rank was doing. `should_stop` turns the flags of all ranks into one answer at the same call
-on every rank (`slurmddp.agreement`).
+on every rank (`slurmddp.preemption.agreement`).
 
-Whether the job comes back is decided once the ranks have left (`slurmddp.decision`), from what
+Whether the job comes back is decided once the ranks have left (`decision`), from what
 Slurm records about the job (was it preempted?), not from which signal came. Who carries it out
 (`requeue_route`): the batch shell of ``slurmddp submit`` when it asked for it
 (``$SLURMDDP_REQUEUE_FILE``: rank 0 leaves the reason there and the shell decides, so ranks need
@@ -32,10 +32,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from slurmddp import decision, signals
-from slurmddp.agreement import agreement
-from slurmddp.decision import NOT_REQUEUED_STATUS
-from slurmddp.signals import stop_signal
+from slurmddp.preemption import decision, signals
+from slurmddp.preemption.agreement import agreement
+from slurmddp.preemption.decision import NOT_REQUEUED_STATUS
+from slurmddp.preemption.signals import stop_signal
 
 __all__ = [
     "LOCAL_REQUEUE_STATUS", "NOT_REQUEUED_STATUS", "install", "mark_done", "received", "requeue",
@@ -82,7 +82,7 @@ def should_stop(every: int | None = None, group: object = None) -> bool:
     """Whether every rank should stop at this step boundary; the same answer on all ranks.
 
     Call it at the same points on every rank. It costs almost nothing: while no signal comes the
-    ranks do not communicate (through the rendezvous store; see `slurmddp.agreement`), and a
+    ranks do not communicate (through the rendezvous store; see `agreement`), and a
     signal makes every rank stop within about two steps of it. With `every` = N (or a `group`),
     exactly each N-th call is an all_reduce instead. True once means True from then on; False
     after `mark_done`.

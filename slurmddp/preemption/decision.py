@@ -2,10 +2,11 @@
 
 `decide` is pure: facts in, a `Decision` out. Its callers gather the facts and carry it out:
 
-- the batch script of ``slurmddp submit``, after its step: ``python -m slurmddp.decision``
+- the batch script of ``slurmddp submit``, after its step: ``python -m
+  slurmddp.preemption.decision``
   reads ``scontrol show job -o`` on stdin and the step's outcome from its options, prints its
   messages on stderr and one line ``ACTION STATUS TARGET`` on stdout; the shell acts on it;
-- rank 0 in a user's own batch script (`slurmddp.preemption.requeue`), with the same facts;
+- rank 0 in a user's own batch script (`slurmddp.preemption.api.requeue`), with the same facts;
 - the local emulation of ``--local``, without Slurm's record of the job.
 
 The rules, first match wins:
@@ -226,7 +227,7 @@ def requeue_budget(environ: Mapping[str, str]) -> tuple[int, int]:
 
 def facts_from(environ: Mapping[str, str], **known: Any) -> Facts:
     """`Facts` with the job's budget, target, stop signal and lead taken from `environ`."""
-    from slurmddp.signals import stop_signal
+    from slurmddp.preemption.signals import stop_signal
 
     restart, allowed = requeue_budget(environ)
     lead = environ.get(SIGNAL_LEAD_VAR, "")
@@ -236,8 +237,8 @@ def facts_from(environ: Mapping[str, str], **known: Any) -> Facts:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m slurmddp.decision``: the batch script's decision, facts from its options."""
-    p = argparse.ArgumentParser(prog="python -m slurmddp.decision")
+    """The batch script's decision (``-m slurmddp.preemption.decision``), facts as options."""
+    p = argparse.ArgumentParser(prog="python -m slurmddp.preemption.decision")
     p.add_argument("--step-status", type=int, help="the step's exit status (absent: not started)")
     p.add_argument("--asked", help="the reason the ranks left in the requeue file")
     p.add_argument("--done", action="store_true", help="the ranks reached mark_done()")

@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from slurmddp import coordination
-from slurmddp.errors import UserError
+from slurmddp.errors import CheckpointError
+from slurmddp.rank import coordination
 
 FORMAT = 2
 # The checksum of each file that a manifest of each format records.
@@ -79,9 +79,6 @@ _FILE_MODE = 0o664
 _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint could not be saved or loaded; the message is one line and says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)

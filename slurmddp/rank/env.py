@@ -28,8 +28,8 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from slurmddp import hostlist
-from slurmddp.errors import UserError
+from slurmddp.errors import EnvError
+from slurmddp.rank import hostlist
 
 Launcher = Literal["torchrun", "env", "mpi", "slurm", "single"]
 
@@ -46,14 +46,11 @@ _INTEGER = re.compile(r"-?[0-9]+")
 _JOB_ID = re.compile(r"[0-9]+")
 
 
-class EnvError(UserError, ValueError):
-    """The environment describes no consistent distributed job; the message names the variables."""
-
 
 class NodesUnknown(EnvError):
     """An MPI job on several nodes: no variable says which node a rank is on, nor (outside
-    Slurm) where rank 0 runs. `slurmddp.bootstrap` then asks the ranks over MPI
-    (`slurmddp.mpi.survey`) and resolves again with the answer (`MpiNodes`)."""
+    Slurm) where rank 0 runs. `slurmddp.rank.bootstrap` then asks the ranks over MPI
+    (`slurmddp.rank.mpi.survey`) and resolves again with the answer (`MpiNodes`)."""
 
     def __init__(self, message: str, world_size: int) -> None:
         super().__init__(message)
@@ -62,7 +59,7 @@ class NodesUnknown(EnvError):
 
 @dataclasses.dataclass(frozen=True)
 class MpiNodes:
-    """Where the ranks of an MPI job run, as they told each other (`slurmddp.mpi.survey`)."""
+    """Where the ranks of an MPI job run, as they told each other (`slurmddp.rank.mpi.survey`)."""
 
     node_rank: int  # this rank's node, counted in the order of each node's lowest rank
     num_nodes: int

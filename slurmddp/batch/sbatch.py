@@ -26,10 +26,10 @@ Launchers:
 
 Signals: ``--signal=B:USR2@lead`` (or USR1) warns the batch shell, which leaves it in the job's
 stop file and passes it on to srun (or mpirun), which forwards it to every task (srun 22.05
-forwards only USR1 and USR2 unchanged: see `slurmddp.jobspec.SIGNALS`); each rank starts with it
-ignored (`slurmddp.signals.ignoring`) until its runner takes it. TERM is noted, never forwarded:
+forwards only USR1 and USR2 unchanged: see `jobspec.SIGNALS`); each rank starts with it
+ignored (`signals.ignoring`) until its runner takes it. TERM is noted, never forwarded:
 Slurm sends it to every step itself, and srun answers a TERM by killing its step with SIGKILL.
-After the step, the shell asks ``python -m slurmddp.decision`` what happens to the job, from the
+After the step, the shell asks `slurmddp.preemption.decision` what happens to the job, from the
 ranks' files and Slurm's record of the job, and carries it out.
 """
 
@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from slurmddp import decision, preemption, signals, templating
-from slurmddp.env import LAUNCHER_PREFIXES, LAUNCHER_VARIABLES
-from slurmddp.jobspec import JobSpec, validate
-from slurmddp.process_group import BACKEND_VAR
-from slurmddp.run import FAILURE_FILE_VARIABLE
+from slurmddp.batch import templating
+from slurmddp.batch.jobspec import JobSpec, validate
+from slurmddp.preemption import api as preemption
+from slurmddp.preemption import decision, signals
+from slurmddp.rank.env import LAUNCHER_PREFIXES, LAUNCHER_VARIABLES
+from slurmddp.rank.process_group import BACKEND_VAR
+from slurmddp.rank.runner import FAILURE_FILE_VARIABLE
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
 # A signal srun gets in its first moments kills it or is dropped (docs/slurm-behaviour.md, Q6):
@@ -59,7 +61,7 @@ STATE_FILES = (
 
 
 def render_script(spec: JobSpec, template: str = DEFAULT_TEMPLATE) -> str:
-    """The batch script for `spec` (validated first: raises `slurmddp.jobspec.SpecError`)."""
+    """The batch script for `spec` (validated first: raises `slurmddp.batch.jobspec.SpecError`)."""
     validate(spec)
     return templating.render(template, **context(spec))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
-from slurmddp.env import MpiNodes
+from slurmddp.rank.env import MpiNodes
 
 
 def survey(world_size: int, *, pick_port: bool) -> tuple[MpiNodes, int | None] | None:

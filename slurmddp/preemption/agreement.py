@@ -3,7 +3,7 @@
 `should_stop()` is called at the same points on every rank; a stop must happen at the same call
 everywhere, since the checkpoint that follows is collective. Two ways to settle that call:
 
-**Through the rendezvous store** (the default whenever `slurmddp.coordination` knows it, i.e.
+**Through the rendezvous store** (the default whenever `slurmddp.rank.coordination` knows it, i.e.
 under ``env://`` or torchrun). A call costs a lock and a comparison: no collective at all while
 nothing happens. A rank that gets a signal announces it under a store key at its next call. Every
 rank has a daemon thread blocked on that key (its own connection), so all of them hear it at
@@ -34,8 +34,8 @@ import threading
 import time
 from typing import Any
 
-from slurmddp import coordination
-from slurmddp.signals import STOP, TERM
+from slurmddp.preemption.signals import STOP, TERM
+from slurmddp.rank import coordination
 
 AGREE_EVERY_S = 1.0
 MAX_CALLS_BETWEEN = 10_000

@@ -20,16 +20,14 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from slurmddp import jobs
-from slurmddp.jobspec import JobSpec, SpecError
-from slurmddp.sbatch import render_script
+from slurmddp.batch import jobs
+from slurmddp.batch.jobspec import JobSpec, SpecError
+from slurmddp.batch.sbatch import render_script
+from slurmddp.errors import SubmissionError
 
 # Like checkpoint directories: never world-writable, whatever the umask.
 _DIR_MODE = 0o775
 
-
-class SubmissionError(RuntimeError):
-    """sbatch refused the job or could not be run; the message says why."""
 
 
 class _TemplateExecutor(submitit.SlurmExecutor):

@@ -1,5 +1,5 @@
 """The one side effect of start-up: resolve this process's place once and export it (with the
-CPU threads it should run, `slurmddp.placement.cpu_threads`).
+CPU threads it should run, `slurmddp.rank.placement.cpu_threads`).
 
 Both `python -m slurmddp.run` and `slurmddp.init()` go through `bootstrap`, so a script started by
 the runner that also calls `init()` resolves once and sees the same answer.
@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-from slurmddp.env import DistEnv, NodesUnknown, hostfile_head, resolve
-from slurmddp.placement import THREADS_VAR, cpu_threads
+from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
+from slurmddp.rank.placement import THREADS_VAR, cpu_threads
 
 MASTER_HOST_FORMAT_VAR = "SLURMDDP_MASTER_HOST_FORMAT"
 
@@ -25,7 +25,7 @@ def bootstrap(
     """Resolve this process's `DistEnv` (first call only) and export torchrun's variables.
 
     `master_host_format` (default: $SLURMDDP_MASTER_HOST_FORMAT, else ``{host}``) maps rank 0's
-    host name to the address other ranks dial. Raises `slurmddp.env.EnvError` on contradictions.
+    host name to the address other ranks dial. Raises `EnvError` on contradictions.
     """
     global _current
     if _current is not None:
@@ -37,7 +37,7 @@ def bootstrap(
         dist = resolve(env, master_host_format=fmt, hostfile_head=head)
     except NodesUnknown as e:
         # mpirun on several nodes: the ranks tell each other where they run.
-        from slurmddp.mpi import survey
+        from slurmddp.rank.mpi import survey
 
         found = survey(e.world_size, pick_port="MASTER_PORT" not in env)
         if found is None:
@@ -54,7 +54,7 @@ def bootstrap(
 
 
 def _set_threads(env: MutableMapping[str, str], dist: DistEnv) -> None:
-    """Export OMP_NUM_THREADS unless the user set it (`slurmddp.placement.cpu_threads`)."""
+    """Export OMP_NUM_THREADS unless the user set it (`slurmddp.rank.placement.cpu_threads`)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
     threads = cpu_threads(env, usable or (os.cpu_count() or 1), os.cpu_count() or 1,
                           dist.local_world_size)  # fmt: skip

@@ -64,7 +64,7 @@ def capture(
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
     if sampler is not None:
-        from slurmddp.sampler import ResumableDistributedSampler
+        from slurmddp.training.sampler import ResumableDistributedSampler
 
         if isinstance(sampler, ResumableDistributedSampler):
             state["sampler"] = sampler.state_dict(position)

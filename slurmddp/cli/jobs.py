@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurmddp import jobs
+from slurmddp.batch import jobs
 from slurmddp.errors import fail
 
 
@@ -80,7 +80,7 @@ def cancel(opts: argparse.Namespace) -> int:
 
 
 def profiles(opts: argparse.Namespace) -> int:
-    from slurmddp import config
+    from slurmddp.batch import config
 
     files = config.load_sources(Path.cwd(), os.environ)
     settings = config.resolve_settings({}, opts.profile, files) if opts.profile else None

@@ -12,7 +12,9 @@ from slurmddp.errors import Parser, reported
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from slurmddp import cli_jobs, cli_submit, doctor
+    from slurmddp.cli import jobs as cli_jobs
+    from slurmddp.cli import submit as cli_submit
+    from slurmddp.rank import doctor
 
     p = Parser(prog="slurmddp", description="PyTorch distributed training on Slurm and MPI.")
     p.add_argument("--version", action="version", version=f"slurmddp {__version__}")
@@ -53,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int | str | None:
     command = argv[0] if argv else None
     if command == "run":
         # The runner's argv is split by hand: everything after SCRIPT is the script's.
-        from slurmddp import run
+        from slurmddp.rank import runner as run
 
         run.exit_process(run.main(argv[1:], prog="slurmddp run"))
     with reported(f"slurmddp {command}" if command and command[0] != "-" else "slurmddp"):
@@ -63,18 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int | str | None:
 def _dispatch(argv: list[str], command: str | None) -> int | str | None:
     parser, commands = build_parser()
     if command in ("submit", "template"):
-        from slurmddp import cli_submit
+        from slurmddp.cli import submit as cli_submit
 
         handler = cli_submit.main_submit if command == "submit" else cli_submit.main_template
         return handler(argv[1:], commands[command])
     opts = parser.parse_args(argv)
     opts.prog = f"slurmddp {opts.command}" if opts.command else "slurmddp"
     if opts.command == "doctor":
-        from slurmddp import doctor
+        from slurmddp.rank import doctor
 
         return doctor.main(opts)
     if opts.command in ("status", "logs", "cancel", "profiles"):
-        from slurmddp import cli_jobs
+        from slurmddp.cli import jobs as cli_jobs
 
         return getattr(cli_jobs, opts.command)(opts)
     parser.print_help()

@@ -63,9 +63,9 @@ from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from slurmddp.errors import UserError
-from slurmddp.jobspec import LAUNCHERS
-from slurmddp.placement import BACKENDS
+from slurmddp.batch.jobspec import LAUNCHERS
+from slurmddp.errors import ConfigError
+from slurmddp.rank.placement import BACKENDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,9 +120,6 @@ DEFAULTS: Mapping[str, object] = types.MappingProxyType(
 BUILT_IN = "built-in default"
 COMMAND_LINE = "command line"
 
-
-class ConfigError(UserError, ValueError):
-    """A configuration file or option is wrong; the one-line message names it and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,7 +378,7 @@ def _check_value(key: str, value: object, *, base: Path, home: str | None, cli: 
     if key == "env":
         return _check_env(value, cli=cli)
     if key == "nodes" and isinstance(value, str) and re.fullmatch(r"[0-9]+-[0-9]+", value):
-        return value  # a MIN-MAX range; slurmddp.jobspec.parse_nodes checks its bounds
+        return value  # a MIN-MAX range; slurmddp.batch.jobspec.parse_nodes checks its bounds
     if key in _MINIMUM:
         # Command lines carry text; in a file, a quoted number is a mistake worth naming.
         if cli and isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):

@@ -15,8 +15,8 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import PurePath
 
-from slurmddp.errors import UserError
-from slurmddp.placement import BACKENDS
+from slurmddp.errors import SpecError
+from slurmddp.rank.placement import BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -91,9 +91,6 @@ _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MEM = re.compile(r"[0-9]+(?:[KMGTkmgt][Bb]?)?")
 _UNLIMITED = ("UNLIMITED", "INFINITE")
 
-
-class SpecError(UserError, ValueError):
-    """A job description sbatch would refuse or misread; the message says which value and why."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

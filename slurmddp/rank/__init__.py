@@ -1,0 +1,12 @@
+"""Where a rank is: its place in the job, worked out once from the launcher's variables.
+
+The core is pure: `env.resolve` maps an environment (Slurm's ``SLURM_*``, MPI's, torchrun's)
+to a frozen `env.DistEnv` that says where every value came from; `hostlist` expands Slurm's
+host lists without ``scontrol``; `placement` chooses backend, device and CPU threads. The
+side effects sit at the edges: `bootstrap` exports torchrun's variables, `startup` runs a
+bounded rendezvous that names who is missing, `process_group` initialises torch.distributed
+(`slurmddp.init`), `coordination` keeps the rendezvous store at hand for waits that no
+collective timeout bounds, `mpi` asks MPI what only MPI knows. The launchers: `runner`
+(``python -m slurmddp.run``), `agent` (torchrun's agent, ``python -m slurmddp.agent``),
+`output` (rank-prefixed lines) and `doctor` (``slurmddp doctor``).
+"""
