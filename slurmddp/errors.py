@@ -16,9 +16,8 @@ import traceback
 from collections.abc import Iterator
 from typing import NoReturn
 
-USAGE_ERROR = 2
-INTERNAL_ERROR = 1
-DEBUG_VARIABLE = "SLURMDDP_DEBUG"
+from slurmddp.protocol import DEBUG_VAR as DEBUG_VARIABLE
+from slurmddp.protocol import INTERNAL_ERROR, USAGE_ERROR
 
 
 class SlurmddpError(Exception):

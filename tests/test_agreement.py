@@ -10,17 +10,21 @@ import textwrap
 
 import pytest
 
+from slurmddp import dist
 from slurmddp.preemption import agreement
 from tests.conftest import launcher_free_env
 from tests.test_process_group import free_port
 
 
 def test_the_agreement_tensor_lives_where_the_backend_reduces():
-    assert agreement.flag_device("gloo", None) == "cpu"
-    assert agreement.flag_device("mpi", None) == "cpu"
-    assert agreement.flag_device("nccl", 3) == "cuda:3"
+    # The agreement asks slurmddp.dist, as every collective of slurmddp does.
+    assert dist.flag_device("gloo", None) == "cpu"
+    assert dist.flag_device("mpi", None) == "cpu"
+    assert dist.flag_device("cpu:gloo,cuda:nccl", 0) == "cpu"
+    assert dist.flag_device("nccl", 3) == "cuda:3"
     with pytest.raises(RuntimeError, match="needs a current CUDA device"):
-        agreement.flag_device("nccl", None)
+        dist.flag_device("nccl", None)
+    assert not hasattr(agreement, "flag_device")
 
 
 @pytest.mark.parametrize(
@@ -39,7 +43,7 @@ def test_the_collective_gap_follows_the_pace_and_at_most_doubles(previous, secon
 PROGRAM = """
     import json, os, signal, sys, time, slurmddp
     import torch.distributed as td
-    from slurmddp.preemption.agreement import agreement
+    from slurmddp.preemption.api import state
     spec = json.loads(sys.argv[1])
     d = slurmddp.init(**spec["init"])
     reductions, reduce = 0, td.all_reduce
@@ -61,7 +65,7 @@ PROGRAM = """
             break
     after = None if signalled is None else round(time.monotonic() - signalled, 3)
     td.all_reduce = reduce
-    print(json.dumps({"rank": d.rank, "stop": stop, "mode": agreement._mode,
+    print(json.dumps({"rank": d.rank, "stop": stop, "mode": state().agreement._mode,
                       "reductions": reductions, "after": after}))
     td.barrier()
     td.destroy_process_group()  # gloo's teardown at interpreter exit can abort a finished rank

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.cli import build_parser
 from slurmddp.cli.submit import split_target
 from tests.conftest import ROOT, launcher_free_env, tagged_json
 
@@ -73,8 +72,7 @@ def test_profiles_come_from_the_project_file(tmp_path):
     ],
 )
 def test_arguments_after_the_script_are_the_scripts(argv, own, rest):
-    _, commands = build_parser()
-    assert split_target(commands["submit"], argv) == (own, rest)
+    assert split_target(argv, command="submit") == (own, rest)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["submit", "--help"], ["submit", "--dry-run", TRAIN]])

@@ -16,11 +16,10 @@ from slurmddp.batch.config import (
     ConfigError,
     ConfigFiles,
     Settings,
-    format_profiles,
-    list_profiles,
     load_sources,
     resolve_settings,
 )
+from slurmddp.batch.profiles import format_profiles, list_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -240,7 +239,9 @@ def test_command_line_values_none_are_not_typed_and_text_numbers_are_accepted(tm
 def test_defaults_can_be_replaced_by_the_caller(tmp_path):
     s = resolve_settings({}, None, ConfigFiles(tmp_path), defaults={"launcher": "torchrun"})
     assert dict(s) == {"launcher": "torchrun"}
-    assert dict(resolve_settings({}, None, ConfigFiles(tmp_path))) == dict(DEFAULTS)
+    # The built-in layer is checked like any other: its relative output is the command's.
+    expected = {**DEFAULTS, "output": tmp_path / DEFAULTS["output"]}
+    assert dict(resolve_settings({}, None, ConfigFiles(tmp_path))) == expected
 
 
 def test_settings_are_a_read_only_mapping(tmp_path):
@@ -461,7 +462,9 @@ def test_unknown_profile_lists_the_available_ones(tmp_path, home):
         ('backend = "ncl"', 'backend = "ncl" must be one of auto, nccl, gloo, mpi'),
         ("time = [1]", "time = [1] must be a Slurm value such as"),
         ("mem = -1", 'mem = -1 must be a Slurm value such as "64G" or "02:00:00", or an integer'),
-        ('signal = "USR1@60"', 'signal = "USR1@60" must be a signal name or number'),
+        ('signal = "USR1@60"', 'signal = "USR1@60" is not a signal name Slurm knows: use USR2'),
+        ('signal = "HUP"', 'signal = "HUP" cannot warn the ranks: srun answers it by killing'),
+        ("signal = 12", "signal = 12 must be USR2 or USR1"),
         ('partition = ""', 'partition = "" must be a non-empty string'),
         ("env = { X = 1.5 }", "env = { X = 1.5 } must be a table of strings, and X = 1.5 is not"),
         ('env = { "a-b" = "1" }', 'env = { a-b = "1" } must be a table of variables, and'),
@@ -526,7 +529,7 @@ def test_format_profiles_without_any_says_where_to_put_them(tmp_path):
 
 
 def test_module_is_python_310_syntax_and_guards_tomllib():
-    source = (ROOT / "slurmddp" / "config.py").read_text(encoding="utf-8")
+    source = (ROOT / "slurmddp" / "batch" / "config.py").read_text(encoding="utf-8")
     tree = ast.parse(source, feature_version=(3, 10))
     guarded = next(
         node

@@ -7,7 +7,16 @@ import sys
 
 import pytest
 
-from slurmddp.preemption.decision import Facts, decide, job_fields, seconds, seconds_left
+from slurmddp.errors import UserError
+from slurmddp.preemption.decision import (
+    Facts,
+    decide,
+    facts_from,
+    job_fields,
+    requeue_target,
+    seconds,
+    seconds_left,
+)
 from tests.conftest import launcher_free_env
 
 PREEMPTED = {"JobState": "RUNNING", "PreemptTime": "2026-11-22T11:00:00", "TimeLimit": "UNLIMITED",
@@ -73,6 +82,13 @@ CASES = [
     ("requeue-0-preempted", facts(asked="TERM", job=PREEMPTED | {"Requeue": "0"}), "stop", 75,
      "stopped (TERM) at restart 0: the job is marked not to be requeued"),
     ("no-scontrol-answer", facts(asked="USR2", job={}), "requeue", 0, "(signal, USR2)"),
+    # After a `requeue` verdict whose scontrol requeue failed, with the job as Slurm shows it then.
+    ("requeue-refused", facts(asked="USR2", requeue_error="", job=RUNNING), "stop", 75,
+     "scontrol requeue 41 failed: the job ends here; submit again to resume"),
+    ("requeue-refused-saying-why", facts(requeue_error="denied", job=RUNNING), "stop", 75,
+     "scontrol requeue 41 failed: denied: the job ends here"),
+    ("requeue-answer-lost", facts(asked="USR2", requeue_error="", job=RUNNING | {"Restarts": "1"}),
+     "stop", 0, None),
 ]
 
 
@@ -106,6 +122,30 @@ def test_time_left_comes_from_slurm_alone():
     assert seconds_left(RUNNING) is None
 
 
+@pytest.mark.parametrize(
+    ("environ", "target"),
+    [({"SLURM_JOB_ID": "41"}, "41"),
+     ({"SLURM_JOB_ID": "41", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3"}, "40_3"),
+     ({}, "")],
+)  # fmt: skip
+def test_an_array_task_is_requeued_by_its_array_id(environ, target):
+    assert requeue_target(environ) == target
+    assert facts_from(environ, step_status=0).target == target
+
+
+def test_the_budget_comes_from_the_environment_and_a_bad_one_is_a_user_error():
+    f = facts_from({"SLURM_RESTART_COUNT": "2", "SLURMDDP_MAX_REQUEUES": "5",
+                    "SLURMDDP_SIGNAL": "USR1", "SLURMDDP_SIGNAL_LEAD": "300"},
+                   step_status=0)  # fmt: skip
+    assert (f.restart, f.allowed, f.stop_signal, f.lead_s) == (2, 5, "USR1", 300)
+    default = facts_from({}, step_status=0)
+    assert (default.allowed, default.lead_s, default.stop_signal) == (3, 120, "USR2")
+    with pytest.raises(UserError, match="SLURMDDP_MAX_REQUEUES='x' is not a count"):
+        facts_from({"SLURMDDP_MAX_REQUEUES": "x"}, step_status=0)
+    with pytest.raises(UserError, match="SLURMDDP_SIGNAL='NOPE' is not a signal name"):
+        facts_from({"SLURMDDP_SIGNAL": "NOPE"}, step_status=0)
+
+
 SHOW_JOB = ("JobId=41 JobName=train UserId=root(0) Priority=1 JobState=RUNNING Reason=None "
             "Requeue=1 Restarts=1 RunTime=00:08:30 TimeLimit=00:10:00 PreemptTime=None "
             "Command=/tmp/a b/job.sh WorkDir=/tmp\n")  # fmt: skip
@@ -127,3 +167,26 @@ def test_the_batch_shell_command_prints_its_action_and_messages():
     assert r.stdout == "requeue 0 41\n"
     assert r.stderr == ("slurmddp: job 41 stopped (time limit, USR2) at restart 1 after its "
                         "checkpoint: requeued (2 of 5)\n")  # fmt: skip
+
+
+def decision_command(*args: str, show: str = SHOW_JOB, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurmddp.preemption.decision", *args],
+                          input=show, env=launcher_free_env(**env), capture_output=True,
+                          text=True)  # fmt: skip
+
+
+def test_after_a_failed_requeue_the_batch_shell_is_told_whether_it_went_through():
+    # SHOW_JOB shows Restarts=1: at restart 0, the requeue went through although scontrol failed.
+    r = decision_command("--requeue-failed", SLURM_JOB_ID="41", SLURM_RESTART_COUNT="0")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "stop 0 41\n", "")
+    r = decision_command("--requeue-failed", SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1")
+    assert (r.returncode, r.stdout) == (0, "stop 75 41\n")
+    assert r.stderr == ("slurmddp: scontrol requeue 41 failed: the job ends here; submit again to "
+                        "resume\n")  # fmt: skip
+
+
+def test_a_bad_budget_is_one_line_and_status_2():
+    r = decision_command("--step-status", "0", SLURM_RESTART_COUNT="one")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("slurmddp: SLURM_RESTART_COUNT='one' or SLURMDDP_MAX_REQUEUES='3' is not a "
+                        "count\n")  # fmt: skip

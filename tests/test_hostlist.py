@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slurmddp.errors import HostlistError, UserError
 from slurmddp.rank.hostlist import MAX_RANGE, compress, expand, expand_tasks_per_node
 
 # (nodelist, what `scontrol show hostnames` prints)
@@ -184,6 +185,18 @@ def test_expand_malformed(nodelist, reason):
 def test_expand_message_example():
     with pytest.raises(ValueError, match=r"^invalid hostlist 'n\[1-': unclosed '\['$"):
         expand("n[1-")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda: expand("n[1-"), lambda: compress(["n[1]"]), lambda: expand_tasks_per_node("2(x0)")],
+    ids=["expand", "compress", "tasks per node"],
+)
+def test_malformed_input_is_a_hostlist_error(call):
+    # One user error for the CLI's one-line report; still a ValueError for older callers.
+    with pytest.raises(HostlistError) as info:
+        call()
+    assert isinstance(info.value, UserError) and isinstance(info.value, ValueError)
 
 
 def test_suffix_after_last_group_is_accepted():

@@ -28,6 +28,17 @@ def test_registry_round_trip_and_torn_lines(tmp_path):
     assert jobs.find("3", env) is None
 
 
+def test_registry_directories_are_never_world_writable(tmp_path):
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    old = os.umask(0)  # even where the user's umask would allow it
+    try:
+        jobs.remember(record(tmp_path), env)
+    finally:
+        os.umask(old)
+    for directory in (tmp_path / "state", jobs.registry_path(env).parent):
+        assert directory.stat().st_mode & 0o777 == 0o775
+
+
 def test_local_state_reads_the_ranks_exit_files(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip

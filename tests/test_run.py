@@ -118,6 +118,13 @@ def test_exit_status_is_the_scripts(tmp_path, body, status):
 # Bad input (a missing script, contradicting variables): tests/test_bad_input.py.
 
 
+def test_a_stop_signal_that_is_no_signal_is_one_line_and_status_2(show):
+    r = run([str(show)], clean_env(SLURMDDP_SIGNAL="USR9"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == ("python -m slurmddp.run: error: SLURMDDP_SIGNAL='USR9' is not a signal "
+                        "name: use e.g. USR2\n")  # fmt: skip
+
+
 def test_tag_output_prefixes_each_line(tmp_path):
     p = tmp_path / "p.py"
     p.write_text("import sys\nprint('one')\nprint('two')\nprint('err', file=sys.stderr)\n")

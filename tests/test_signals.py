@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from slurmddp.errors import SignalError
 from slurmddp.preemption import signals
 from tests.conftest import launcher_free_env
 
@@ -24,7 +25,7 @@ def test_stop_signal_comes_from_the_batch_script_or_defaults_to_usr2(environ, ex
 
 
 def test_an_unknown_stop_signal_is_named():
-    with pytest.raises(ValueError, match="SLURMDDP_SIGNAL='USR9' is not a signal name"):
+    with pytest.raises(SignalError, match="SLURMDDP_SIGNAL='USR9' is not a signal name"):
         signals.stop_signal({"SLURMDDP_SIGNAL": "USR9"})
 
 
@@ -93,12 +94,12 @@ def test_once_the_script_asks_term_stops_it_at_the_agreed_step():
 def test_a_term_handler_of_the_script_still_runs_whether_installed_before_or_after():
     r = run_python("""
         import os, signal, time, slurmddp
-        from slurmddp.preemption import signals
+        from slurmddp.preemption import api
         got = []
         signal.signal(signal.SIGTERM, lambda s, f: got.append("before"))
         slurmddp.should_stop()
         os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)
-        print(got, signals.receiver.seen)
+        print(got, api.state().receiver.seen)
         # A framework replacing the handler later (Lightning does, chaining the one it found).
         previous = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, lambda s, f: (got.append("after"), previous(s, f)))

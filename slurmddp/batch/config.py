@@ -47,79 +47,47 @@ Merge rules:
 
 Relative paths (``template``, ``output``, and a ``python`` with a slash) are relative to the
 file that sets them, or to the current directory for the command line; ``~`` means ``$HOME``.
-`load_sources` is the only function here that touches the filesystem.
+`load_sources` is the only function here that touches the filesystem. Which keys exist, their
+types and checks come from the option table, `slurmddp.batch.options`; `slurmddp.batch.profiles`
+lists the profiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
-import re
 import sys
 import types
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from slurmddp.batch.jobspec import LAUNCHERS
+from slurmddp.batch import options
+from slurmddp.batch.options import format_value, toml_key
 from slurmddp.errors import ConfigError
-from slurmddp.rank.placement import BACKENDS
+from slurmddp.protocol import PROFILES_VAR as PROFILES_VARIABLE
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from PyPI
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 Origin = Literal["project", "user", "centre"]
 
 PROJECT_FILE = "slurmddp.toml"
 PYPROJECT_FILE = "pyproject.toml"
-PROFILES_VARIABLE = "SLURMDDP_PROFILES"
 USER_FILE = Path("slurmddp", "profiles.toml")  # under $XDG_CONFIG_HOME or ~/.config
 
 # Option keys in display order; a profile may set any of them, and so may a file's top level.
-OPTIONS = (
-    "partition", "account", "qos", "constraint", "nodes", "ntasks_per_node", "gpus_per_node",
-    "cpus_per_task", "mem", "time", "signal", "signal_lead", "max_requeues", "max_restarts",
-    "launcher", "backend", "python", "template", "output", "setup", "env", "sbatch_args",
-    "srun_args", "mpi",
-)  # fmt: skip
-_LISTS = frozenset({"setup", "sbatch_args", "srun_args"})
-_MINIMUM = {
-    "nodes": 1,
-    "ntasks_per_node": 1,
-    "gpus_per_node": 0,
-    "cpus_per_task": 1,
-    "signal_lead": 0,
-    "max_requeues": 0,
-    "max_restarts": 0,
-}
-# Slurm reads a bare number as minutes (--time) or megabytes (--mem), so integers are fine too;
-# 0 means no limit (--time) or all of the node's memory (--mem).
-_STRING_OR_INT = frozenset({"mem", "time"})
-_CHOICES: Mapping[str, Sequence[str]] = {"launcher": LAUNCHERS, "backend": BACKENDS}
-_PATHS = frozenset({"template", "output"})
+OPTIONS = tuple(o.key for o in options.OPTIONS if o.config)
+_LISTS = frozenset(o.key for o in options.OPTIONS if o.kind == "lines")
+_PATHS = frozenset(o.key for o in options.OPTIONS if o.kind == "path")
 _FILE_KEYS = frozenset(OPTIONS) | {"profile", "profiles"}
 _PROFILE_KEYS = frozenset(OPTIONS) | {"extends"}
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SIGNAL = re.compile(r"(SIG)?[A-Z][A-Z0-9+]*|[0-9]+")
-
-DEFAULTS: Mapping[str, object] = types.MappingProxyType(
-    {
-        "nodes": 1,
-        "launcher": "srun",
-        "backend": "auto",
-        # Preemption and time limits warn the job this many seconds ahead, so it can checkpoint.
-        "signal": "USR2",
-        "signal_lead": 120,
-        "max_requeues": 3,
-    }
-)
+DEFAULTS: Mapping[str, object] = options.DEFAULTS
 BUILT_IN = "built-in default"
 COMMAND_LINE = "command line"
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +98,7 @@ class ProfileInfo:
     file: Path
     values: Mapping[str, object]  # its own option keys, without ``extends``
     extends: str | None = None
-    shadowed_by: Path | None = None  # set by `list_profiles` when a more specific file wins
+    shadowed_by: Path | None = None  # set by `profiles.list_profiles`: a more specific file wins
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -316,25 +284,25 @@ def parse_config(
     base = path.parent
     where = f"{path}: {prefix}"
     _reject_unknown(document, _FILE_KEYS, f"{path}: [{prefix.rstrip('.')}]" if prefix else path)
-    options = _check_table(
+    top = _check_table(
         {k: v for k, v in document.items() if k in OPTIONS}, where, base=base, home=home
     )
     default = document.get("profile")
-    if default is not None and not _nonempty_string(default):
-        raise _invalid(where, "profile", default, "a profile name (a non-empty string)")
+    if default is not None and not options.nonempty(default):
+        raise _invalid(where, "profile", default, "must be a profile name (a non-empty string)")
 
     tables = document.get("profiles", {})
     if not isinstance(tables, dict):
         raise ConfigError(f"{where}profiles must be a table of [profiles.NAME] tables")
     profiles = {}
     for name, table in tables.items():
-        key = f"{prefix}profiles.{_toml_key(name)}"
+        key = f"{prefix}profiles.{toml_key(name)}"
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: {key} must be a table, not {_toml_type(table)}")
         _reject_unknown(table, _PROFILE_KEYS, f"{path}: [{key}]")
         extends = table.get("extends")
-        if extends is not None and not _nonempty_string(extends):
-            raise _invalid(f"{path}: {key}.", "extends", extends, "a profile name")
+        if extends is not None and not options.nonempty(extends):
+            raise _invalid(f"{path}: {key}.", "extends", extends, "must be a profile name")
         values = _check_table(
             {k: v for k, v in table.items() if k != "extends"},
             f"{path}: {key}.",
@@ -342,7 +310,7 @@ def parse_config(
             home=home,
         )
         profiles[name] = ProfileInfo(name, path, values, extends)
-    return ConfigFile(path, origin, label, options, default, types.MappingProxyType(profiles))
+    return ConfigFile(path, origin, label, top, default, types.MappingProxyType(profiles))
 
 
 def _check_table(
@@ -356,81 +324,16 @@ def _check_table(
     """Validated, normalised, read-only copy: lists become tuples, paths become Paths."""
     out = {}
     for key, value in table.items():
+        option = options.by_key(key)
         try:
-            out[key] = _check_value(key, value, base=base, home=home, cli=cli)
-        except _Expected as e:
-            name = f"--{key.replace('_', '-')}" if cli else key
-            raise _invalid(where, name, value, str(e)) from None
-    return types.MappingProxyType(out)
-
-
-class _Expected(Exception):
-    """What a value should have been, for `_invalid`."""
-
-
-def _check_value(key: str, value: object, *, base: Path, home: str | None, cli: bool) -> object:
-    if key in _LISTS:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise _Expected("a list of strings")
-        if not all(isinstance(item, str) for item in value):
-            raise _Expected("a list of strings (quote every item)")
-        return tuple(value)
-    if key == "env":
-        return _check_env(value, cli=cli)
-    if key == "nodes" and isinstance(value, str) and re.fullmatch(r"[0-9]+-[0-9]+", value):
-        return value  # a MIN-MAX range; slurmddp.batch.jobspec.parse_nodes checks its bounds
-    if key in _MINIMUM:
-        # Command lines carry text; in a file, a quoted number is a mistake worth naming.
-        if cli and isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool) or value < _MINIMUM[key]:
-            hint = ' or a range "MIN-MAX"' if key == "nodes" else ""
-            raise _Expected(f"an integer >= {_MINIMUM[key]}{hint}")
-        return value
-    if key in _STRING_OR_INT:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return str(value)
-        if not _nonempty_string(value):
-            raise _Expected('a Slurm value such as "64G" or "02:00:00", or an integer >= 0')
-        return value
-    if key in _CHOICES:
-        if value not in _CHOICES[key]:
-            raise _Expected(f"one of {', '.join(_CHOICES[key])}")
-        return value
-    if key == "signal":
-        if not isinstance(value, str) or not _SIGNAL.fullmatch(value):
-            raise _Expected('a signal name or number such as "USR2"')
-        return value
-    if not _nonempty_string(value):
-        raise _Expected("a path (a non-empty string)" if key in _PATHS else "a non-empty string")
-    assert isinstance(value, str)
-    if key in _PATHS:
-        return _path(value, base, home)
-    if key == "python" and ("/" in value or value.startswith("~")):
-        return str(_path(value, base, home))  # a bare "python3" is looked up on PATH
-    return value
-
-
-def _check_env(value: object, *, cli: bool) -> Mapping[str, str]:
-    if cli and isinstance(value, (list, tuple)):
-        pairs = {}
-        for item in value:
-            if not isinstance(item, str) or "=" not in item:
-                raise _Expected("NAME=VALUE")
-            name, _, text = item.partition("=")
-            pairs[name] = text
-        value = pairs
-    if not isinstance(value, Mapping):
-        raise _Expected('a table of variables such as { NCCL_DEBUG = "INFO" }')
-    out = {}
-    for name, text in value.items():
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise _Expected(f"a table of variables, and {name!r} is not a variable name")
-        if isinstance(text, int) and not isinstance(text, bool):
-            text = str(text)  # OMP_NUM_THREADS = 8 means what it says
-        if not isinstance(text, str):
-            raise _Expected(f"a table of strings, and {name} = {format_value(text)} is not one")
-        out[name] = text
+            checked = option.check(value, typed=cli)
+        except options.Invalid as e:
+            raise _invalid(where, option.flag if cli else key, value, str(e)) from None
+        if key in _PATHS:
+            checked = _path(str(checked), base, home)
+        elif key == "python" and ("/" in str(checked) or str(checked).startswith("~")):
+            checked = str(_path(str(checked), base, home))  # a bare "python3" is looked up on PATH
+        out[key] = checked
     return types.MappingProxyType(out)
 
 
@@ -440,10 +343,6 @@ def _path(value: str, base: Path, home: str | None) -> Path:
             return Path(value)
         value = home + value[1:]
     return Path(os.path.normpath(base / value))
-
-
-def _nonempty_string(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip())
 
 
 def _reject_unknown(table: Mapping[str, object], known: frozenset[str], where: object) -> None:
@@ -465,17 +364,15 @@ def _did_you_mean(name: str, known: Sequence[str]) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _invalid(where: str, key: str, value: object, expected: str) -> ConfigError:
+def _invalid(where: str, key: str, value: object, complaint: str) -> ConfigError:
+    """``WHERE: KEY = VALUE must be ...``; `complaint` is what follows the value."""
     sep = "" if where.endswith((".", " ")) else ": "
-    return ConfigError(f"{where}{sep}{key} = {format_value(value)} must be {expected}")
+    return ConfigError(f"{where}{sep}{key} = {format_value(value)} {complaint}")
 
 
 def _toml_type(value: object) -> str:
-    return {dict: "a table", list: "an array", str: "a string"}.get(type(value), "a value")
-
-
-def _toml_key(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+    kinds = ((dict, "a table"), (list, "an array"), (str, "a string"))
+    return next((name for kind, name in kinds if type(value) is kind), "a value")
 
 
 # --- resolution (pure) -------------------------------------------------------------------------
@@ -484,7 +381,7 @@ def _toml_key(name: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class _Layer:
     label: str
-    values: Mapping[str, object]
+    values: Mapping[str, Any]  # checked by the option table: lists are tuples, env a mapping
 
 
 def resolve_settings(
@@ -594,64 +491,8 @@ def _no_profile(name: str, context: str, files: ConfigFiles, start: int) -> Conf
     if not names:
         return ConfigError(
             f"unknown profile {name!r} ({context}): no profile is defined; add "
-            f"[profiles.{_toml_key(name)}] to {PROJECT_FILE}, ~/.config/{USER_FILE.as_posix()} "
+            f"[profiles.{toml_key(name)}] to {PROJECT_FILE}, ~/.config/{USER_FILE.as_posix()} "
             f"or the file named by ${PROFILES_VARIABLE}"
         )
     hint = _did_you_mean(name, names)
     return ConfigError(f"unknown profile {name!r} ({context}); {hint}available: {', '.join(names)}")
-
-
-# --- listing ------------------------------------------------------------------------------------
-
-
-def list_profiles(files: ConfigFiles) -> list[ProfileInfo]:
-    """Every profile definition, most specific file first; hidden ones say which file wins."""
-    winner: dict[str, Path] = {}
-    out = []
-    for f in files.files:
-        for name, info in f.profiles.items():
-            if name in winner:
-                info = dataclasses.replace(info, shadowed_by=winner[name])
-            else:
-                winner[name] = f.path
-            out.append(info)
-    return out
-
-
-def format_profiles(profiles: Sequence[ProfileInfo], settings: Settings | None = None) -> str:
-    """The profiles with their own keys, then (given `settings`) each value and its source."""
-    lines = []
-    if not profiles:
-        lines.append(
-            f"no profiles: add [profiles.NAME] tables to {PROJECT_FILE}, "
-            f"~/.config/{USER_FILE.as_posix()} or the file named by ${PROFILES_VARIABLE}"
-        )
-    for p in profiles:
-        hidden = f"  (hidden by {p.shadowed_by})" if p.shadowed_by else ""
-        lines.append(f"{p.name}  {p.file}{hidden}")
-        if p.extends is not None:
-            lines.append(f"  extends = {format_value(p.extends)}")
-        lines += [f"  {k} = {format_value(v)}" for k, v in p.values.items()]
-    if settings is not None:
-        chosen = settings.get("profile")
-        lines += ["", f"settings with profile {chosen!r}:" if chosen else "settings (no profile):"]
-        rows = settings.rows()
-        width = max((len(k) for k, _, _ in rows), default=0) + 2
-        # Long values (env tables, paths) push their own source along instead of every row's.
-        vwidth = min(max((len(v) for _, v, _ in rows), default=0), 30)
-        lines += [f"  {k:<{width}}{v:<{vwidth}}  {source}" for k, v, source in rows]
-    return "\n".join(lines)
-
-
-def format_value(value: object) -> str:
-    """A value as it would be written in TOML."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (str, Path)):
-        return json.dumps(str(value))
-    if isinstance(value, Mapping):
-        inner = ", ".join(f"{_toml_key(str(k))} = {format_value(v)}" for k, v in value.items())
-        return f"{{ {inner} }}" if inner else "{}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    return str(value)

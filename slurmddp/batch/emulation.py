@@ -17,8 +17,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurmddp.preemption import api as preemption
-from slurmddp.preemption import decision, signals
+from slurmddp import protocol
+from slurmddp.preemption import signals
 from slurmddp.rank import hostlist
 from slurmddp.rank.env import launcher_variables
 
@@ -61,8 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--ntasks-per-node", type=int, required=True)
     p.add_argument("--folder", required=True)
-    p.add_argument("--signal", default=signals.DEFAULT_SIGNAL)
-    p.add_argument("--max-requeues", type=int, default=decision.DEFAULT_MAX_REQUEUES)
+    p.add_argument("--signal", default=protocol.DEFAULT_SIGNAL)
+    p.add_argument("--max-requeues", type=int, default=protocol.DEFAULT_MAX_REQUEUES)
     p.add_argument("--signal-after", type=float, action="append", default=[], metavar="S",
                    help="send the stop signal S seconds into the run; once per run, in order")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
@@ -85,9 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     restart = int(counter.read_text()) if counter.exists() else 0
     os.environ.update({
         "SLURM_RESTART_COUNT": str(restart),
-        signals.SIGNAL_VAR: opts.signal,
-        decision.MAX_REQUEUES_VAR: str(opts.max_requeues),
-        preemption.LOCAL_RESTART_FILE_VAR: str(counter),
+        protocol.SIGNAL_VAR: opts.signal,
+        protocol.MAX_REQUEUES_VAR: str(opts.max_requeues),
+        protocol.LOCAL_RESTART_FILE_VAR: str(counter),
     })  # fmt: skip
     if rank == 0:
         print(f"slurmddp: local job {job_id} (restart {restart})", file=sys.stderr, flush=True)

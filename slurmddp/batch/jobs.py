@@ -16,7 +16,9 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+from slurmddp.files import make_dirs
 
 # Slurm states after which a job will not run again by itself.
 FINAL_STATES = frozenset(
@@ -57,8 +59,9 @@ def registry_path(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def remember(record: JobRecord, environ: Mapping[str, str] = os.environ) -> None:
+    """Append `record` to the registry, creating its directory (never world-writable)."""
     path = registry_path(environ)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(dataclasses.asdict(record)) + "\n")
 
@@ -91,7 +94,7 @@ def states(records: Iterable[JobRecord]) -> dict[str, str]:
     if slurm:
         from submitit.slurm.slurm import SlurmJob
 
-        jobs = [SlurmJob(folder=r.folder, job_id=r.job_id) for r in slurm]
+        jobs: list[Any] = [SlurmJob(folder=r.folder, job_id=r.job_id) for r in slurm]
         SlurmJob.watcher.update()  # one sacct call for every registered job
         for job in jobs:
             out[job.job_id] = job.watcher.get_state(job.job_id, mode="cache")

@@ -1,7 +1,8 @@
 """What ``slurmddp submit`` asks Slurm for: a frozen `JobSpec`, its parsers and its checks.
 
 Everything here is pure: the parsers turn option text into values, `validate` refuses a spec the
-sbatch script could not carry faithfully, and `build_spec` applies the defaults a CLI needs.
+sbatch script could not carry faithfully, and `build_spec` applies the option table's defaults
+(`slurmddp.batch.options`, which also holds the rules shared with the configuration files).
 Every error is a one-line `SpecError` naming the option, the value and what to do instead.
 """
 
@@ -12,11 +13,13 @@ import os
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePath
+from typing import Any
 
+from slurmddp.batch import options
+from slurmddp.batch.options import BACKENDS, DEFAULTS, LAUNCHERS, SIGNALS
 from slurmddp.errors import SpecError
-from slurmddp.rank.placement import BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -32,35 +35,8 @@ __all__ = [
     "validate",
 ]
 
-LAUNCHERS = ("srun", "torchrun", "mpirun")
 # srun's --mpi plugin names (pmix, pmi2, pmix_v4, cray_shasta, none...).
 _MPI_PLUGIN = re.compile(r"[a-z][a-z0-9_]*")
-DEFAULT_OUTPUT_DIR = "slurmddp-jobs"
-DEFAULT_MAX_REQUEUES = 3
-DEFAULT_SIGNAL = "USR2"
-DEFAULT_SIGNAL_LEAD = 120
-# Slurm keeps the --signal lead time in 16 bits.
-MAX_SIGNAL_LEAD = 0xFFFF
-
-# Signals the batch shell may pass on to the step with `kill -s SIG <srun pid>`: only those srun
-# forwards to every task. What srun 22.05 does with the others, checked on the local cluster:
-_SIGNAL_PROBLEMS = {
-    "TERM": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
-    "HUP": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
-    "QUIT": "srun answers it by killing the step at once (SIGKILL), so no rank could checkpoint",
-    "INT": "srun only prints the step's status, it does not pass SIGINT on",
-    "ALRM": "srun does not pass it on to the tasks",
-    "URG": "srun does not pass it on to the tasks",
-    "CONT": "srun does not pass it on to the tasks",
-    "TTIN": "srun does not pass it on to the tasks",
-    "ABRT": "srun aborts itself on it",
-    "TSTP": "srun stops itself on it",
-    "TTOU": "srun stops itself on it",
-    "KILL": "it cannot be trapped",
-    "STOP": "it cannot be trapped",
-}
-SIGNALS = ("USR2", "USR1")  # the names `validate` accepts
-_SIGNAL_NAMES = frozenset(SIGNALS) | _SIGNAL_PROBLEMS.keys()
 
 # sbatch options the script writes itself from JobSpec fields; repeating one through
 # sbatch_args would silently override the script's own (and break its log layout or traps).
@@ -85,12 +61,10 @@ MANAGED_SBATCH_OPTIONS = {
 
 _INTEGER = re.compile(r"[0-9]+")
 _NODES = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # sbatch --mem: megabytes, or a K, M, G or T suffix with an optional B (sbatch 22.05 takes 1GB
 # but refuses 1GiB and 1.5G).
 _MEM = re.compile(r"[0-9]+(?:[KMGTkmgt][Bb]?)?")
 _UNLIMITED = ("UNLIMITED", "INFINITE")
-
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,10 +80,10 @@ class JobSpec:
     target: tuple[str, ...]
     job_name: str
     output_dir: str
-    nodes_min: int = 1
-    nodes_max: int = 1
+    nodes_min: int = DEFAULTS["nodes"]
+    nodes_max: int = DEFAULTS["nodes"]
     ntasks_per_node: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: int = DEFAULTS["gpus_per_node"]
     cpus_per_task: int | None = None
     mem: str | None = None
     time_minutes: int | None = None
@@ -117,18 +91,18 @@ class JobSpec:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    launcher: str = "srun"
-    backend: str = "auto"
+    launcher: str = DEFAULTS["launcher"]
+    backend: str = DEFAULTS["backend"]
     setup: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     sbatch_args: tuple[str, ...] = ()
     srun_args: tuple[str, ...] = ()
     mpi: str | None = None
-    max_requeues: int = DEFAULT_MAX_REQUEUES
-    signal: str = DEFAULT_SIGNAL
-    signal_lead: int = DEFAULT_SIGNAL_LEAD
+    max_requeues: int = DEFAULTS["max_requeues"]
+    signal: str = DEFAULTS["signal"]
+    signal_lead: int = DEFAULTS["signal_lead"]
     requeue: bool = True
-    max_restarts: int = 0
+    max_restarts: int = DEFAULTS["max_restarts"]
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
     rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
 
@@ -201,6 +175,13 @@ def parse_env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _env_pairs(env: Mapping[str, str] | Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """A mapping's items, or ``"KEY=VALUE"`` strings parsed (the Python API's older form)."""
+    if isinstance(env, Mapping):
+        return tuple((str(k), str(v)) for k, v in env.items())
+    return tuple(parse_env_pair(pair) for pair in env)
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 
@@ -213,12 +194,25 @@ def validate(spec: JobSpec) -> None:
     """
     _check_target(spec.target)
     _check_line("job_name", spec.job_name)
+    _check_resources(spec)
+    _check_output_dir(spec.output_dir)
+    _check_launch(spec)
+    _check_stop(spec)
+    if not spec.python:
+        raise SpecError("python='' names no interpreter: give the path of python on the nodes")
+    _check_no_nul("python", spec.python)
+    if spec.rdzv_port is not None and not 1 <= spec.rdzv_port <= 65535:
+        raise SpecError(f"rdzv_port={spec.rdzv_port} is not a TCP port: give 1 to 65535")
+
+
+def _check_resources(spec: JobSpec) -> None:
+    """What the job asks Slurm for: nodes, tasks, GPUs, CPUs, memory, time, names."""
     if spec.nodes_min < 1 or spec.nodes_max < spec.nodes_min:
         raise SpecError(
             f"nodes {spec.nodes_min}-{spec.nodes_max}: need 1 <= MIN <= MAX, e.g. 4 or 2-4"
         )
-    _check_count("ntasks_per_node", spec.ntasks_per_node, 1)
-    _check_count("gpus_per_node", spec.gpus_per_node, 0)
+    _check_count("ntasks_per_node", spec.ntasks_per_node)
+    _check_count("gpus_per_node", spec.gpus_per_node)
     if spec.gpus_per_node and spec.ntasks_per_node != spec.gpus_per_node:
         raise SpecError(
             f"ntasks_per_node={spec.ntasks_per_node} with gpus_per_node={spec.gpus_per_node}: "
@@ -226,7 +220,7 @@ def validate(spec: JobSpec) -> None:
             "or leave it out"
         )
     if spec.cpus_per_task is not None:
-        _check_count("cpus_per_task", spec.cpus_per_task, 1)
+        _check_count("cpus_per_task", spec.cpus_per_task)
     if spec.mem is not None and not _MEM.fullmatch(spec.mem):
         raise SpecError(f"mem={spec.mem!r} is not a memory size: write e.g. 64G, 500M or 0")
     if spec.time_minutes is not None:
@@ -235,7 +229,10 @@ def validate(spec: JobSpec) -> None:
         value = getattr(spec, name)
         if value is not None:
             _check_name(name, value)
-    _check_output_dir(spec.output_dir)
+
+
+def _check_launch(spec: JobSpec) -> None:
+    """How the ranks start: launcher, backend, the user's shell lines, variables and arguments."""
     _check_choice("launcher", spec.launcher, LAUNCHERS)
     _check_choice("backend", spec.backend, BACKENDS)
     if spec.backend == "nccl" and not spec.gpus_per_node:
@@ -256,12 +253,25 @@ def validate(spec: JobSpec) -> None:
                 f"mpi={spec.mpi!r} is srun's MPI plugin, but launcher is {spec.launcher!r}: use "
                 "it with launcher srun"
             )
-    _check_count("max_requeues", spec.max_requeues, 0)
-    _check_signal(spec.signal)
-    if not 1 <= spec.signal_lead <= MAX_SIGNAL_LEAD:
+    _check_count("max_restarts", spec.max_restarts)
+    if spec.max_restarts and spec.launcher != "torchrun":
+        raise SpecError(
+            f"max_restarts={spec.max_restarts} needs launcher torchrun (srun does not restart "
+            "ranks): use launcher torchrun, or leave max_restarts at 0"
+        )
+
+
+def _check_stop(spec: JobSpec) -> None:
+    """The stop protocol: the warning signal, its lead time, the requeues."""
+    _check_count("max_requeues", spec.max_requeues)
+    problem = options.signal_problem(spec.signal)
+    if problem is not None:
+        raise SpecError(f"signal={spec.signal!r} {problem}")
+    lead = options.by_key("signal_lead")
+    if not lead.minimum <= spec.signal_lead <= (lead.maximum or spec.signal_lead):
         raise SpecError(
             f"signal_lead={spec.signal_lead} is not a lead time in seconds: "
-            f"give 1 to {MAX_SIGNAL_LEAD}"
+            f"give {lead.minimum} to {lead.maximum}"
         )
     limit_s = None if spec.time_minutes is None else spec.time_minutes * 60
     if spec.requeue and limit_s is not None and spec.signal_lead >= limit_s:
@@ -270,17 +280,6 @@ def validate(spec: JobSpec) -> None:
             f"min ({limit_s} s): the warning would come as the job starts; give a "
             "lead shorter than the time, or more time"
         )
-    _check_count("max_restarts", spec.max_restarts, 0)
-    if spec.max_restarts and spec.launcher != "torchrun":
-        raise SpecError(
-            f"max_restarts={spec.max_restarts} needs launcher torchrun (srun does not restart "
-            "ranks): use launcher torchrun, or leave max_restarts at 0"
-        )
-    if not spec.python:
-        raise SpecError("python='' names no interpreter: give the path of python on the nodes")
-    _check_no_nul("python", spec.python)
-    if spec.rdzv_port is not None and not 1 <= spec.rdzv_port <= 65535:
-        raise SpecError(f"rdzv_port={spec.rdzv_port} is not a TCP port: give 1 to 65535")
 
 
 def _check_target(target: tuple[str, ...]) -> None:
@@ -333,7 +332,10 @@ def _check_output_dir(path: str) -> None:
         )
 
 
-def _check_count(name: str, value: int, minimum: int) -> None:
+def _check_count(name: str, value: int, minimum: int | None = None) -> None:
+    """`value` a whole number of at least `minimum`, by default the option table's."""
+    if minimum is None:
+        minimum = options.by_key(name).minimum
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SpecError(f"{name}={value!r} must be a whole number of at least {minimum}")
 
@@ -343,19 +345,8 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise SpecError(f"{name}={value!r} is not one of {', '.join(choices)}")
 
 
-def _check_signal(name: str) -> None:
-    if name.upper().startswith("SIG"):
-        raise SpecError(f"signal={name!r}: write the name without SIG, e.g. {name[3:]!r}")
-    if name not in _SIGNAL_NAMES:
-        raise SpecError(f"signal={name!r} is not a signal name Slurm knows: use USR2 or USR1")
-    if name in _SIGNAL_PROBLEMS:
-        raise SpecError(
-            f"signal={name!r} cannot warn the ranks: {_SIGNAL_PROBLEMS[name]}; use USR2 or USR1"
-        )
-
-
 def _check_env(key: str, value: str) -> None:
-    if not _ENV_KEY.fullmatch(key):
+    if not options.ENV_NAME.fullmatch(key):
         raise SpecError(
             f"environment variable name {key!r} is not a shell identifier: use letters, "
             "digits and _, not starting with a digit"
@@ -393,73 +384,45 @@ def _is_control(c: str) -> bool:
 def build_spec(
     target: Sequence[str],
     *,
-    job_name: str | None = None,
-    nodes: str | int = 1,
-    ntasks_per_node: int | None = None,
-    gpus_per_node: int = 0,
-    cpus_per_task: int | None = None,
-    mem: str | None = None,
-    time: str | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    constraint: str | None = None,
-    output_dir: str = DEFAULT_OUTPUT_DIR,
-    launcher: str = "srun",
-    backend: str = "auto",
-    setup: Iterable[str] = (),
-    env: Iterable[str] = (),
-    sbatch_args: Iterable[str] = (),
-    srun_args: Iterable[str] = (),
-    mpi: str | None = None,
-    max_requeues: int = DEFAULT_MAX_REQUEUES,
-    signal: str = DEFAULT_SIGNAL,
-    signal_lead: int = DEFAULT_SIGNAL_LEAD,
-    requeue: bool = True,
-    max_restarts: int = 0,
-    python: str | None = None,
-    rdzv_port: int | None = None,
     cwd: str | None = None,
+    requeue: bool = True,
+    rdzv_port: int | None = None,
+    **values: Any,
 ) -> JobSpec:
-    """A validated `JobSpec` from option values as a CLI has them (text for nodes, time, env).
+    """A validated `JobSpec` from option values as a command line or configuration has them.
 
-    Defaults: ntasks_per_node is gpus_per_node (one process per GPU), or 1 without GPUs;
-    job_name is the script's stem (or the module name); output_dir is made absolute against
-    `cwd` (default: the current directory); python is this interpreter.
+    `values` are keyed by the `build_spec` keywords of `slurmddp.batch.options.OPTIONS` (nodes,
+    time, env, output_dir...); a value left out or None takes the table's default. Text is
+    parsed: nodes ``"2-4"``, time ``"1:00:00"``; env is a mapping, or ``"KEY=VALUE"`` strings.
+    Computed defaults: ntasks_per_node is gpus_per_node (one process per GPU), or 1 without
+    GPUs; job_name is the script's stem (or the module name); output_dir is made absolute
+    against `cwd` (default: the current directory); python is this interpreter. A keyword no
+    option has raises TypeError.
     """
+    v = options.spec_defaults(values)
     target = tuple(target)
-    nodes_min, nodes_max = parse_nodes(str(nodes))
-    if job_name is None:
-        job_name = _default_job_name(target)
+    nodes_min, nodes_max = parse_nodes(str(v["nodes"]))
+    ntasks = v["ntasks_per_node"]
+    as_given = ("gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint",
+                "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
+                "signal_lead")  # fmt: skip
     spec = JobSpec(
         target=target,
-        job_name=job_name,
+        job_name=_default_job_name(target) if v["job_name"] is None else v["job_name"],
         nodes_min=nodes_min,
         nodes_max=nodes_max,
-        ntasks_per_node=ntasks_per_node if ntasks_per_node is not None else gpus_per_node or 1,
-        gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        mem=mem,
-        time_minutes=parse_time(time) if time is not None else None,
-        partition=partition,
-        account=account,
-        qos=qos,
-        constraint=constraint,
-        output_dir=os.path.normpath(os.path.join(cwd or os.getcwd(), output_dir)),
-        launcher=launcher,
-        backend=backend,
-        setup=tuple(setup),
-        env=tuple(parse_env_pair(pair) for pair in env),
-        sbatch_args=tuple(sbatch_args),
-        srun_args=tuple(srun_args),
-        mpi=mpi,
-        max_requeues=max_requeues,
-        signal=signal,
-        signal_lead=signal_lead,
+        ntasks_per_node=v["gpus_per_node"] or 1 if ntasks is None else ntasks,
+        mem=None if v["mem"] is None else str(v["mem"]),
+        time_minutes=None if v["time"] is None else parse_time(str(v["time"])),
+        output_dir=os.path.normpath(os.path.join(cwd or os.getcwd(), str(v["output_dir"]))),
+        setup=tuple(v["setup"] or ()),
+        env=_env_pairs(v["env"] or ()),
+        sbatch_args=tuple(v["sbatch_args"] or ()),
+        srun_args=tuple(v["srun_args"] or ()),
+        python=sys.executable if v["python"] is None else str(v["python"]),
         requeue=requeue,
-        max_restarts=max_restarts,
-        python=python if python is not None else sys.executable,
         rdzv_port=rdzv_port,
+        **{name: v[name] for name in as_given},
     )
     validate(spec)
     return spec

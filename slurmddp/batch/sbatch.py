@@ -31,33 +31,22 @@ ignored (`signals.ignoring`) until its runner takes it. TERM is noted, never for
 Slurm sends it to every step itself, and srun answers a TERM by killing its step with SIGKILL.
 After the step, the shell asks `slurmddp.preemption.decision` what happens to the job, from the
 ranks' files and Slurm's record of the job, and carries it out.
+
+Every variable name, exit status and setting of that protocol reaches the template from
+`slurmddp.protocol`, as ``p`` (``{{ p.DONE_FILE_VAR }}``): the template spells none itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from slurmddp import protocol
 from slurmddp.batch import templating
 from slurmddp.batch.jobspec import JobSpec, validate
-from slurmddp.preemption import api as preemption
-from slurmddp.preemption import decision, signals
+from slurmddp.preemption import signals
 from slurmddp.rank.env import LAUNCHER_PREFIXES, LAUNCHER_VARIABLES
-from slurmddp.rank.process_group import BACKEND_VAR
-from slurmddp.rank.runner import FAILURE_FILE_VARIABLE
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
-# A signal srun gets in its first moments kills it or is dropped (docs/slurm-behaviour.md, Q6):
-# the batch shell passes the stop signal on no sooner than this many seconds after starting srun.
-SRUN_SETTLE_S = 2
-# The files in <output_dir>/<job id>/ through which the ranks and the batch shell talk, and the
-# variables that name them.
-STATE_FILES = (
-    (preemption.REQUEUE_FILE_VAR, "requeue"),  # rank 0: the ranks stopped and checkpointed
-    (preemption.DONE_FILE_VAR, "done"),  # rank 0: mark_done() reached
-    (preemption.ASKED_FILE_VAR, "asked"),  # rank 0: the script called should_stop()
-    (signals.STOP_FILE_VAR, "stop"),  # the shell: a stop signal came (for ranks still starting)
-    (FAILURE_FILE_VARIABLE, "failures"),  # every rank that fails: one line each
-)
 
 
 def render_script(spec: JobSpec, template: str = DEFAULT_TEMPLATE) -> str:
@@ -88,17 +77,19 @@ def context(spec: JobSpec) -> dict[str, object]:
         # them anyway: --kill-on-bad-exit ends the step when any node's torchrun fails.
         "fixed_nodes": spec.nodes_min == spec.nodes_max,
         "nproc_per_node": spec.ntasks_per_node,
-        "state_files": STATE_FILES,
+        "p": protocol.template_names(),
+        "state_files": protocol.STATE_FILES,
         # What the ranks read: the backend init() takes by default, the stop protocol's settings.
         "protocol_env": (
-            (BACKEND_VAR, spec.backend),
-            (signals.SIGNAL_VAR, spec.signal),
-            (decision.SIGNAL_LEAD_VAR, spec.signal_lead),
-            (decision.MAX_REQUEUES_VAR, spec.max_requeues if spec.requeue else 0),
+            (protocol.BACKEND_VAR, spec.backend),
+            (protocol.SIGNAL_VAR, spec.signal),
+            (protocol.SIGNAL_LEAD_VAR, spec.signal_lead),
+            (protocol.MAX_REQUEUES_VAR, spec.max_requeues if spec.requeue else 0),
         ),
         "rank_prefix": signals.ignoring(spec.signal),
-        "not_requeued_status": decision.NOT_REQUEUED_STATUS,
-        "srun_settle_s": SRUN_SETTLE_S,
+        # The shipped template reads these from `p`; user templates written for them still work.
+        "not_requeued_status": protocol.NOT_REQUEUED_STATUS,
+        "srun_settle_s": protocol.SRUN_SETTLE_S,
         "launcher_variables": LAUNCHER_VARIABLES,
         "launcher_prefixes": LAUNCHER_PREFIXES,
     }

@@ -24,10 +24,15 @@ from slurmddp.batch import jobs
 from slurmddp.batch.jobspec import JobSpec, SpecError
 from slurmddp.batch.sbatch import render_script
 from slurmddp.errors import SubmissionError
+from slurmddp.files import make_dirs
 
-# Like checkpoint directories: never world-writable, whatever the umask.
-_DIR_MODE = 0o775
-
+# submitit's private API, used on purpose: submitit submits only pickled functions through its
+# own batch script (`submit`, or a `CommandFunction` run by its Python wrapper, buffered), and has
+# no public way to sbatch a script text of ours, nor to start a command under LocalExecutor's
+# controller. So `_submit_command` (write the script, run sbatch, parse the id, make the job
+# handle) is called directly and `_make_submission_file_text` overridden to return our script.
+# pyproject.toml bounds submitit below the next minor release; tests/test_dependencies.py pins
+# both methods' signatures and behaviour, and says which changed.
 
 
 class _TemplateExecutor(submitit.SlurmExecutor):
@@ -73,17 +78,11 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
 
 
 def _make_output_dir(folder: Path) -> list[Path]:
-    """mkdir -p `folder`, never world-writable (the umask applies on top); the directories
+    """mkdir -p `folder`, never world-writable (`slurmddp.files.make_dirs`); the directories
     created, deepest first. Raises SpecError when it is not a directory this user may write."""
-    created = []
-    path = folder
-    while not os.path.lexists(path):
-        created.append(path)
-        path = path.parent
     hint = "give --output a directory you may write to"
     try:
-        for path in reversed(created):
-            os.mkdir(path, _DIR_MODE)
+        created = make_dirs(folder)
     except OSError as e:
         raise SpecError(f"output directory {str(folder)!r} cannot be created: {e.strerror}; "
                         f"{hint}") from None  # fmt: skip

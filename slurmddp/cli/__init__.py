@@ -19,7 +19,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p = Parser(prog="slurmddp", description="PyTorch distributed training on Slurm and MPI.")
     p.add_argument("--version", action="version", version=f"slurmddp {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    commands = {
+    commands: dict[str, argparse.ArgumentParser] = {
         "submit": sub.add_parser(
             "submit", help="submit SCRIPT [ARGS...] as a distributed job (or run it --local)",
             usage="slurmddp submit [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
@@ -40,8 +40,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             help="run a torchrun-style script on this rank (same as python -m slurmddp.run)",
         ),
     }  # fmt: skip
-    cli_submit.add_arguments(commands["submit"], submitting=True)
-    cli_submit.add_arguments(commands["template"], submitting=False)
+    cli_submit.add_arguments(commands["submit"], command="submit")
+    cli_submit.add_arguments(commands["template"], command="template")
     cli_jobs.add_status(commands["status"])
     cli_jobs.add_logs(commands["logs"])
     cli_jobs.add_cancel(commands["cancel"])

@@ -80,11 +80,11 @@ def cancel(opts: argparse.Namespace) -> int:
 
 
 def profiles(opts: argparse.Namespace) -> int:
-    from slurmddp.batch import config
+    from slurmddp.batch import config, profiles
 
     files = config.load_sources(Path.cwd(), os.environ)
     settings = config.resolve_settings({}, opts.profile, files) if opts.profile else None
-    print(config.format_profiles(config.list_profiles(files), settings))
+    print(profiles.format_profiles(profiles.list_profiles(files), settings))
     return 0
 
 

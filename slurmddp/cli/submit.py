@@ -12,72 +12,79 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from slurmddp.errors import fail
+from slurmddp import files
+from slurmddp.batch import options
+from slurmddp.errors import SpecError, fail
 
-# Options whose values feed the configuration layers (dest = config key).
-_SPEC_OPTIONS = (
-    ("--nodes", "nodes", "N or MIN-MAX (default 1)", str),
-    ("--gpus-per-node", "gpus_per_node", "GPUs per node (default 0)", str),
-    ("--ntasks-per-node", "ntasks_per_node", "ranks per node (default: one per GPU, else 1)", str),
-    ("--cpus-per-task", "cpus_per_task", "CPUs per rank", str),
-    ("--mem", "mem", "memory per node, as sbatch --mem", str),
-    ("--time", "time", "time limit in any Slurm form (M, H:M:S, D-H:M...)", str),
-    ("--partition", "partition", "Slurm partition", str),
-    ("--account", "account", "Slurm account", str),
-    ("--qos", "qos", "Slurm QOS", str),
-    ("--constraint", "constraint", "node features", str),
-    ("--output", "output", "directory for job logs (default slurmddp-jobs)", str),
-    ("--launcher", "launcher", "srun (a task per rank), torchrun (one per node) or mpirun", str),
-    ("--mpi", "mpi", "srun's MPI plugin for the ranks, as pmix or pmi2 (srun --mpi)", str),
-    ("--backend", "backend", "auto, nccl, gloo or mpi (default auto)", str),
-    ("--template", "template", "a Jinja sbatch template of your own", str),
-    ("--max-requeues", "max_requeues", "requeues allowed after preemption (default 3)", str),
-    ("--max-restarts", "max_restarts", "torchrun's restarts of failed workers (default 0)", str),
-    ("--signal-lead", "signal_lead", "seconds of warning before the time limit (default 120)", str),
-    ("--signal", "signal", "the warning signal (default USR2)", str),
-    ("--python", "python", "the interpreter on the nodes (default: this one)", str),
-)
-_LIST_OPTIONS = (
-    ("--setup", "setup", "a shell line run before the job (module load...); repeatable"),
-    ("--env", "env", "KEY=VALUE exported to every rank; repeatable"),
-    ("--sbatch-arg", "sbatch_args", "one more sbatch option, as --exclusive; repeatable"),
-    ("--srun-arg", "srun_args", "one more srun option, as --container-image=...; repeatable"),
-)
+if TYPE_CHECKING:
+    from slurmddp.batch.jobspec import JobSpec
 
 
-def add_arguments(p: argparse.ArgumentParser, *, submitting: bool) -> None:
-    """The options of `submit` (and, without the submission ones, of `template`)."""
-    p.add_argument("--job-name", dest="job_name", help="job name (default: the script's name)")
-    for flag, dest, help_text, kind in _SPEC_OPTIONS:
-        p.add_argument(flag, dest=dest, type=kind, help=help_text)
-    for flag, dest, help_text in _LIST_OPTIONS:
-        p.add_argument(flag, dest=dest, action="append", metavar="VALUE", help=help_text)
-    p.add_argument("--profile", help="a cluster profile from the configuration files")
-    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module instead of a script")
-    if submitting:
-        p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
-        p.add_argument("--follow", action="store_true",
-                       help="show state changes and rank 0's log until the job ends")  # fmt: skip
-        p.add_argument("--json", action="store_true", help="print the submission as JSON")
-        p.add_argument("--local", action="store_true",
-                       help="run here without Slurm: nodes x tasks processes")  # fmt: skip
-        p.add_argument("--local-signal-after", type=_seconds_list, metavar="S[,S...]",
-                       help="with --local: send the stop signal S seconds into each run, one "
-                       "value per run (preempting it that often)")  # fmt: skip
-    else:
-        p.add_argument("-o", "--output-file", dest="output_file", metavar="FILE",
-                       help="write the script here (default: standard output)")  # fmt: skip
+class _Flag(NamedTuple):
+    """One of the commands' own flags (the job's options are in `slurmddp.batch.options`)."""
+
+    flags: tuple[str, ...]
+    kwargs: dict[str, Any]
+    commands: tuple[str, ...] = ("submit", "template")
+
+    @property
+    def takes_value(self) -> bool:
+        return self.kwargs.get("action") != "store_true"
 
 
-def split_target(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list, list]:
+def _seconds_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0 <= v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of seconds: give e.g. 5 or 5,8 (one value per run)"
+        )
+    return values
+
+
+_FLAGS = (
+    _Flag(("--profile",), {"help": "a cluster profile from the configuration files"}),
+    _Flag(("-m",), {"dest": "module", "metavar": "MODULE",
+                    "help": "run a module instead of a script"}),
+    _Flag(("--dry-run",), {"action": "store_true", "help": "print the script, submit nothing"},
+          ("submit",)),
+    _Flag(("--follow",), {"action": "store_true",
+                          "help": "show state changes and rank 0's log until the job ends"},
+          ("submit",)),
+    _Flag(("--json",), {"action": "store_true", "help": "print the submission as JSON"},
+          ("submit",)),
+    _Flag(("--local",), {"action": "store_true",
+                         "help": "run here without Slurm: nodes x tasks processes"}, ("submit",)),
+    _Flag(("--local-signal-after",), {
+        "type": _seconds_list, "metavar": "S[,S...]",
+        "help": "with --local: send the stop signal S seconds into each run, one value per run "
+                "(preempting it that often)"}, ("submit",)),
+    _Flag(("-o", "--output-file"), {"dest": "output_file", "metavar": "FILE",
+                                    "help": "write the script here (default: standard output)"},
+          ("template",)),
+)  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser, *, command: str) -> None:
+    """The options of `command`, ``submit`` or ``template``: the job's, then the command's."""
+    options.add_arguments(p)
+    for flag in _FLAGS:
+        if command in flag.commands:
+            p.add_argument(*flag.flags, **flag.kwargs)
+
+
+def split_target(argv: Sequence[str], *, command: str) -> tuple[list[str], list[str]]:
     """Split at SCRIPT (or after -m MODULE): our options before, the script's argv after.
 
     An option's value is glued to it (``--sbatch-arg=--exclusive``) so that argparse takes a
     value that starts with a dash as a value, not as an unknown option.
     """
-    takes_value = {
-        flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings
+    takes_value = {o.flag for o in options.OPTIONS} | {
+        name for f in _FLAGS if command in f.commands and f.takes_value for name in f.flags
     }
     own: list[str] = []
     i = 0
@@ -98,49 +105,26 @@ def split_target(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[
     return own, []
 
 
-def build(opts: argparse.Namespace, rest: list[str], prog: str):
-    """(spec, script text) from parsed options; bad input raises `slurmddp.errors.UserError`."""
+def build(opts: argparse.Namespace, rest: list[str]) -> tuple[JobSpec, str]:
+    """(spec, script text) from parsed options and the script's arguments.
+
+    Bad input raises a `slurmddp.errors.UserError` (SpecError, ConfigError, TemplateError); the
+    command's caller reports it.
+    """
     from slurmddp.batch import config, jobspec, sbatch, templating
 
     target = ["-m", opts.module, *rest] if opts.module else rest
     if not target:
-        fail("give the SCRIPT to run (or -m MODULE)", prog=prog)
+        raise SpecError("give the SCRIPT to run (or -m MODULE)")
     if not opts.module and not os.path.isfile(target[0]):
-        fail(f"script {target[0]!r} not found: give the path of a Python file", prog=prog)
+        raise SpecError(f"script {target[0]!r} not found: give the path of a Python file")
 
-    typed = {dest: getattr(opts, dest) for _, dest, _, _ in _SPEC_OPTIONS}
-    typed |= {dest: getattr(opts, dest) for _, dest, _ in _LIST_OPTIONS}
-    files = config.load_sources(Path.cwd(), os.environ)
-    settings = config.resolve_settings(typed, opts.profile, files)
-    values = dict(settings.items())
-    spec = jobspec.build_spec(
-        target,
-        job_name=opts.job_name,
-        nodes=values.get("nodes", 1),
-        ntasks_per_node=values.get("ntasks_per_node"),
-        gpus_per_node=values.get("gpus_per_node", 0),
-        cpus_per_task=values.get("cpus_per_task"),
-        mem=_text(values.get("mem")),
-        time=_text(values.get("time")),
-        partition=values.get("partition"),
-        account=values.get("account"),
-        qos=values.get("qos"),
-        constraint=values.get("constraint"),
-        output_dir=str(values.get("output", jobspec.DEFAULT_OUTPUT_DIR)),
-        launcher=values.get("launcher", "srun"),
-        backend=values.get("backend", "auto"),
-        setup=values.get("setup", ()),
-        env=[f"{k}={v}" for k, v in values.get("env", {}).items()],
-        sbatch_args=values.get("sbatch_args", ()),
-        srun_args=values.get("srun_args", ()),
-        mpi=values.get("mpi"),
-        max_requeues=values.get("max_requeues", jobspec.DEFAULT_MAX_REQUEUES),
-        max_restarts=values.get("max_restarts", 0),
-        signal=values.get("signal", jobspec.DEFAULT_SIGNAL),
-        signal_lead=values.get("signal_lead", jobspec.DEFAULT_SIGNAL_LEAD),
-        python=_text(values.get("python")),
-    )
-    template = values.get("template")
+    typed = {o.key: getattr(opts, o.key) for o in options.OPTIONS if o.config}
+    found = config.load_sources(Path.cwd(), os.environ)
+    settings = config.resolve_settings(typed, opts.profile, found)
+    keywords = options.spec_keywords(settings.items())
+    spec = jobspec.build_spec(target, job_name=opts.job_name, **keywords)
+    template = settings.get("template")
     if template is None:
         script = sbatch.render_script(spec)
     else:
@@ -150,9 +134,9 @@ def build(opts: argparse.Namespace, rest: list[str], prog: str):
 
 def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     prog = parser.prog
-    own, rest = split_target(parser, argv)
+    own, rest = split_target(argv, command="submit")
     opts = parser.parse_args(own)
-    spec, script = build(opts, rest, prog)
+    spec, script = build(opts, rest)
     if opts.dry_run:
         sys.stdout.write(script)
         return 0
@@ -185,38 +169,16 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
 
 
 def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
-    own, rest = split_target(parser, argv)
+    own, rest = split_target(argv, command="template")
     opts = parser.parse_args(own)
-    _, script = build(opts, rest, parser.prog)
+    _, script = build(opts, rest)
     if opts.output_file:
         try:
             Path(opts.output_file).write_text(script, encoding="utf-8")
-            Path(opts.output_file).chmod(0o755 & ~_umask())
+            Path(opts.output_file).chmod(0o755 & ~files.umask())
         except OSError as e:
             fail(f"cannot write {opts.output_file!r}: {e.strerror}; give -o a file in a directory "
                  "you may write to", prog=parser.prog)  # fmt: skip
     else:
         sys.stdout.write(script)
     return 0
-
-
-def _seconds_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or not all(0 <= v < float("inf") for v in values):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of seconds: give e.g. 5 or 5,8 (one value per run)"
-        )
-    return values
-
-
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -7,6 +7,20 @@ requeue policy, from the run's outcome and Slurm's record of the job (pure), sha
 batch shell (``python -m slurmddp.preemption.decision``) and rank 0.
 """
 
-from slurmddp.preemption.api import mark_done, requeue, should_stop
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["mark_done", "requeue", "should_stop"]
+
+if TYPE_CHECKING:
+    from slurmddp.preemption.api import mark_done, requeue, should_stop
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: `python -m slurmddp.preemption.decision` must find the package without
+    # its modules already imported (runpy warns when it does), and stay a quick start.
+    if name in __all__:
+        return getattr(importlib.import_module("slurmddp.preemption.api"), name)
+    raise AttributeError(f"module 'slurmddp.preemption' has no attribute {name!r}")

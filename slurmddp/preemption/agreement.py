@@ -29,11 +29,12 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime
-import sys
 import threading
 import time
 from typing import Any
 
+from slurmddp import dist
+from slurmddp.errors import warn
 from slurmddp.preemption.signals import STOP, TERM
 from slurmddp.rank import coordination
 
@@ -73,28 +74,15 @@ class _Pace:
         self.gap, self.next_call = gap, calls + gap
 
 
-def flag_device(backend: str, cuda_index: int | None) -> str:
-    """Where the agreement tensor must live: NCCL reduces only CUDA tensors, gloo and MPI CPU."""
-    if backend == "nccl":
-        if cuda_index is None:
-            raise RuntimeError("an NCCL group needs a current CUDA device: call slurmddp.init()")
-        return f"cuda:{cuda_index}"
-    return "cpu"
-
-
 def _distributed() -> Any:
     """torch.distributed when a process group of more than one rank exists, else None."""
-    if "torch.distributed" not in sys.modules:
-        return None
-    import torch.distributed as td
-
-    if td.is_available() and td.is_initialized() and td.get_world_size() > 1:
-        return td
-    return None
+    td = dist.group()
+    return td if td is not None and dist.group_size() > 1 else None
 
 
 class Agreement:
-    """The agreement state of this process (one per process: `agreement`)."""
+    """A process's agreement state; the process's own is held by
+    `slurmddp.preemption.api.state()`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -155,10 +143,8 @@ class Agreement:
         """
         import torch
 
-        backend = td.get_backend(group)
-        cuda = torch.cuda.current_device() if backend == "nccl" else None
-        device = flag_device(backend, cuda)
-        if self._flag is None or str(self._flag.device) != device:
+        device = dist.collective_device(group)
+        if self._flag is None or self._flag.device != device:
             self._flag = torch.zeros(4, dtype=torch.int32, device=device)
         proposal = self._pace.propose(self.calls) if paced else 1
         # One copy from a host tensor: element-wise writes to a CUDA tensor would be four copies.
@@ -204,8 +190,7 @@ class Agreement:
                 self._connection.multi_set([self._key(round_, "wake", r) for r in range(world)],
                                            ["stop"] * world)  # fmt: skip
         except Exception as e:  # the store is gone: rank 0 has ended, so has the job
-            print(f"slurmddp: cannot announce the stop to the other ranks: {e}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            warn(f"cannot announce the stop to the other ranks: {e}")
 
     def close(self) -> None:
         """End the watcher (at mark_done, requeue and exit): no wait is left on the store."""
@@ -254,8 +239,7 @@ class Agreement:
                     self._decided.notify_all()
                 if text != "abandoned":
                     return
-                print(f"slurmddp: a rank did not answer the stop within {ABANDON_S:g} s: going "
-                      "on", file=sys.stderr, flush=True)  # fmt: skip
+                warn(f"a rank did not answer the stop within {ABANDON_S:g} s: going on")
         except Exception:  # the store is gone (rank 0 ended): nobody can stop together any more
             with self._decided:
                 self._hold_at = None
@@ -266,6 +250,3 @@ class Agreement:
             while self._hold_at is not None and self._stop_at is None:
                 self._decided.wait()
             return self._stop_at
-
-
-agreement = Agreement()

@@ -19,10 +19,15 @@ Slurm records about the job (was it preempted?), not from which signal came. Who
 (``$SLURMDDP_REQUEUE_FILE``: rank 0 leaves the reason there and the shell decides, so ranks need
 no Slurm tools, e.g. in a container); the local emulation by submitit's requeue exit status;
 otherwise rank 0 itself, with ``scontrol``, inside any Slurm job.
+
+What the protocol knows in a process (the signals taken, the agreement, whether the script asked
+and what the ranks agreed) is one `State`; the functions here act on the process's own,
+`state()`. A test can make a fresh `State` and call its methods in the same process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -32,32 +37,116 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+from slurmddp import dist, files
+from slurmddp.errors import warn
 from slurmddp.preemption import decision, signals
-from slurmddp.preemption.agreement import agreement
-from slurmddp.preemption.decision import NOT_REQUEUED_STATUS
+from slurmddp.preemption.agreement import Agreement
 from slurmddp.preemption.signals import stop_signal
+from slurmddp.protocol import (
+    ASKED_FILE_VAR,
+    DONE_FILE_VAR,
+    LOCAL_REQUEUE_STATUS,
+    LOCAL_RESTART_FILE_VAR,
+    NOT_REQUEUED_STATUS,
+    REQUEUE_FILE_VAR,
+)
 
 __all__ = [
-    "LOCAL_REQUEUE_STATUS", "NOT_REQUEUED_STATUS", "install", "mark_done", "received", "requeue",
-    "requeue_route", "should_stop", "stop_signal",
+    "LOCAL_REQUEUE_STATUS", "NOT_REQUEUED_STATUS", "State", "install", "mark_done", "received",
+    "requeue", "requeue_route", "should_stop", "state", "stop_signal",
 ]  # fmt: skip
 
-REQUEUE_FILE_VAR = "SLURMDDP_REQUEUE_FILE"
-DONE_FILE_VAR = "SLURMDDP_DONE_FILE"
-ASKED_FILE_VAR = "SLURMDDP_ASKED_FILE"
-LOCAL_RESTART_FILE_VAR = "SLURMDDP_LOCAL_RESTART_FILE"
 
-# submitit's LocalExecutor starts the tasks again when one exits with this status.
-LOCAL_REQUEUE_STATUS = 144
+class State:
+    """Everything the stop protocol knows in one process (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.receiver = signals.Receiver()  # the stop signal and SIGTERM as this process took them
+        self.agreement = Agreement()  # how the ranks settle on one stop call
+        self.asked = False  # should_stop() was called: the script uses the protocol
+        self.agreed = 0  # the bits all ranks agreed on; sticky
+        self.done = False  # mark_done() was called
+
+    def install(self, environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
+        """`install`, for this state."""
+        sig = self.receiver.install(environ)
+        if sig is None:
+            return ()
+        return (sig, signal.SIGTERM) if self.receiver.term_taken else (sig,)
+
+    def received(self) -> signal.Signals | None:
+        """`received`, for this state."""
+        name = self.receiver.name()
+        return None if name is None else signal.Signals[f"SIG{name}"]
+
+    def should_stop(self, every: int | None = None, group: object = None) -> bool:
+        """`should_stop`, for this state."""
+        if not self.asked:
+            self._first_call()
+        if self.done:
+            return False
+        if self.agreed:
+            return True
+        bits = self.agreement(self.receiver.seen, every, group)
+        if bits:
+            self.agreed = bits
+            if dist.rank() == 0:
+                warn(f"{self.receiver.name(bits)} received: every rank stops at this step "
+                     "boundary")  # fmt: skip
+        return bool(bits)
+
+    def _first_call(self) -> None:
+        self.install()
+        self.receiver.take_term()
+        self.asked = True
+        path = os.environ.get(ASKED_FILE_VAR)
+        if path and dist.rank() == 0:
+            _touch(path)  # the batch shell's evidence that the script uses the protocol
+
+    def mark_done(self) -> None:
+        """`mark_done`, for this state."""
+        self.done = True
+        self.install()  # a late signal must not end the process either
+        self.agreement.close()
+        path = os.environ.get(DONE_FILE_VAR)
+        if path and dist.rank() == 0:
+            _touch(path)
+
+    def requeue(self) -> NoReturn:
+        """`requeue`, for this state."""
+        if "slurmddp.checkpoint" in sys.modules:
+            from slurmddp.checkpoint import wait_for_saves
+
+            wait_for_saves()  # never announce a requeue before the checkpoint is on disk
+        self.agreement.close()
+        if self.done:
+            warn("the job is marked done: not requeued")
+            raise SystemExit(0)
+        # Agreed: this rank may not have got a signal itself.
+        reason = self.receiver.name(self.agreed or self.receiver.seen) or "request"
+        route = requeue_route(os.environ)
+        rank = dist.rank()
+        if route == "batch":
+            if rank == 0:
+                files.write_atomically(Path(os.environ[REQUEUE_FILE_VAR]), f"{reason}\n")
+            raise SystemExit(0)  # the batch shell decides, after every rank has left
+        if route == "none":
+            warn(f"stopped by {reason} outside a Slurm job: nothing requeues it; run it again to "
+                 "resume from the checkpoint")  # fmt: skip
+            raise SystemExit(NOT_REQUEUED_STATUS)
+        if route == "local":
+            _requeue_locally(reason, rank)
+        if rank == 0:
+            _requeue_with_scontrol(reason)
+        raise SystemExit(0)
 
 
-class _State:
-    asked = False  # should_stop() was called: the script uses the protocol
-    agreed = 0  # the bits all ranks agreed on; sticky
-    done = False
+_state = State()
 
 
-_state = _State()
+def state() -> State:
+    """This process's stop protocol state."""
+    return _state
 
 
 def install(environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
@@ -66,16 +155,12 @@ def install(environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, .
     SIGTERM joins it at the first `should_stop()`: until the script asks, SIGTERM keeps its usual
     effect. A no-op outside the main thread. Returns the signals handled.
     """
-    sig = signals.receiver.install(environ)
-    if sig is None:
-        return ()
-    return (sig, signal.SIGTERM) if signals.receiver.term_taken else (sig,)
+    return _state.install(environ)
 
 
 def received() -> signal.Signals | None:
     """What this process got (its own flag, not the agreed answer): the stop signal, TERM, None."""
-    name = signals.receiver.name()
-    return None if name is None else signal.Signals[f"SIG{name}"]
+    return _state.received()
 
 
 def should_stop(every: int | None = None, group: object = None) -> bool:
@@ -87,28 +172,7 @@ def should_stop(every: int | None = None, group: object = None) -> bool:
     exactly each N-th call is an all_reduce instead. True once means True from then on; False
     after `mark_done`.
     """
-    if not _state.asked:
-        _first_call()
-    if _state.done:
-        return False
-    if _state.agreed:
-        return True
-    bits = agreement(signals.receiver.seen, every, group)
-    if bits:
-        _state.agreed = bits
-        if _rank() == 0:
-            print(f"slurmddp: {signals.receiver.name(bits)} received: every rank stops at this "
-                  "step boundary", file=sys.stderr, flush=True)  # fmt: skip
-    return bool(bits)
-
-
-def _first_call() -> None:
-    install()
-    signals.receiver.take_term()
-    _state.asked = True
-    path = os.environ.get(ASKED_FILE_VAR)
-    if path and _rank() == 0:
-        _touch(path)  # the batch shell's evidence that the script uses the protocol
+    return _state.should_stop(every, group)
 
 
 def mark_done() -> None:
@@ -118,12 +182,7 @@ def mark_done() -> None:
     (preempted while exiting) does not run again. Only this marker says the work is done: a step
     that merely exits 0 after a preemption (as Lightning does on SIGTERM) is requeued.
     """
-    _state.done = True
-    install()  # a late signal must not end the process either
-    agreement.close()
-    path = os.environ.get(DONE_FILE_VAR)
-    if path and _rank() == 0:
-        _touch(path)
+    _state.mark_done()
 
 
 def requeue() -> NoReturn:
@@ -133,66 +192,50 @@ def requeue() -> NoReturn:
     when the batch script decides, or when rank 0 requeued the job; submitit's requeue status
     under local emulation; 75 when the job is not requeued (the message says why).
     """
-    if "slurmddp.checkpoint" in sys.modules:
-        from slurmddp.checkpoint import wait_for_saves
+    _state.requeue()
 
-        wait_for_saves()  # never announce a requeue before the checkpoint is on disk
-    agreement.close()
-    if _state.done:
-        _say("the job is marked done: not requeued")
-        raise SystemExit(0)
-    # Agreed: this rank may not have got a signal itself.
-    reason = signals.receiver.name(_state.agreed or signals.receiver.seen) or "request"
-    route = requeue_route(os.environ)
-    rank = _rank()
-    if route == "batch":
+
+def _requeue_locally(reason: str, rank: int) -> NoReturn:
+    """Under the local emulation: count the restart and exit with submitit's requeue status."""
+    verdict = decision.decide(decision.facts_from(os.environ, step_status=0, asked=reason))
+    if verdict.action != "requeue":
         if rank == 0:
-            _write_atomically(Path(os.environ[REQUEUE_FILE_VAR]), f"{reason}\n")
-        raise SystemExit(0)  # the batch shell decides, after every rank has left
-    if route == "none":
-        _say(f"stopped by {reason} outside a Slurm job: nothing requeues it; run it again to "
-             "resume from the checkpoint")  # fmt: skip
-        raise SystemExit(NOT_REQUEUED_STATUS)
-    if route == "local":
-        verdict = decision.decide(decision.facts_from(os.environ, step_status=0, asked=reason))
-        if verdict.action != "requeue":
-            if rank == 0:
-                _say_all(verdict.lines)
-            raise SystemExit(verdict.status)
-        if rank == 0:
-            restarts = decision.requeue_budget(os.environ)[0]
-            _write_atomically(Path(os.environ[LOCAL_RESTART_FILE_VAR]), f"{restarts + 1}\n")
             _say_all(verdict.lines)
-        raise SystemExit(LOCAL_REQUEUE_STATUS)
+        raise SystemExit(verdict.status)
     if rank == 0:
-        _requeue_with_scontrol(reason)
-    raise SystemExit(0)
+        restarts = decision.requeue_budget(os.environ)[0]
+        files.write_atomically(Path(os.environ[LOCAL_RESTART_FILE_VAR]), f"{restarts + 1}\n")
+        _say_all(verdict.lines)
+    raise SystemExit(LOCAL_REQUEUE_STATUS)
 
 
-def _requeue_with_scontrol(reason: str) -> None:
-    """Rank 0 in a user's own batch script: decide from Slurm's record, requeue or stop."""
+def _requeue_with_scontrol(reason: str) -> NoReturn:
+    """Rank 0 in a user's own batch script: decide from Slurm's record, carry the verdict out."""
     if shutil.which("scontrol") is None:
-        _say("cannot requeue: scontrol is not on PATH here; submit with `slurmddp submit`, whose "
+        warn("cannot requeue: scontrol is not on PATH here; submit with `slurmddp submit`, whose "
              "batch script requeues from outside the ranks")  # fmt: skip
         raise SystemExit(NOT_REQUEUED_STATUS)
     job = os.environ["SLURM_JOB_ID"]
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
-    facts = decision.facts_from(os.environ, step_status=0, asked=reason,
-                                job=decision.job_fields(shown.stdout))  # fmt: skip
+    facts = decision.facts_from(os.environ, step_status=0, asked=reason, job=_show_job(job))
     verdict = decision.decide(facts)
-    if verdict.action not in ("requeue", "final"):
-        _say_all(verdict.lines)
-        raise SystemExit(verdict.status)
-    if verdict.action == "final":
-        _say_all(verdict.lines)
+    if verdict.action == "requeue":
+        done = subprocess.run(["scontrol", "requeue", facts.target], capture_output=True, text=True)
+        if done.returncode != 0:
+            error = done.stderr.strip() or f"status {done.returncode}"
+            after = decision.decide(dataclasses.replace(facts, job=_show_job(job),
+                                                        requeue_error=error))  # fmt: skip
+            if after.status != 0:
+                verdict = after
+    elif verdict.action == "final":
         # A preempted job is requeued by Slurm itself unless it is told not to be.
         subprocess.run(["scontrol", "update", f"JobId={job}", "Requeue=0"], capture_output=True)
-        raise SystemExit(verdict.status)
-    done = subprocess.run(["scontrol", "requeue", facts.target], capture_output=True, text=True)
-    if done.returncode != 0:
-        _say(f"scontrol requeue {facts.target} failed: {done.stderr.strip() or done.returncode}")
-        raise SystemExit(NOT_REQUEUED_STATUS)
     _say_all(verdict.lines)
+    raise SystemExit(verdict.status)
+
+
+def _show_job(job: str) -> dict[str, str]:
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
+    return decision.job_fields(shown.stdout)
 
 
 def requeue_route(environ: Mapping[str, str]) -> str:
@@ -206,35 +249,13 @@ def requeue_route(environ: Mapping[str, str]) -> str:
     return "none"
 
 
-def _rank() -> int:
-    if "torch.distributed" in sys.modules:
-        import torch.distributed as td
-
-        if td.is_available() and td.is_initialized():
-            return td.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
-def _say(message: str) -> None:
-    print(f"slurmddp: {message}", file=sys.stderr, flush=True)
-
-
 def _say_all(lines: tuple[str, ...]) -> None:
     for line in lines:
-        _say(line)
+        warn(line)
 
 
 def _touch(path: str) -> None:
     try:
-        Path(path).touch()
+        Path(path).touch(mode=files.FILE_MODE)
     except OSError as e:  # a marker must not fail the training
-        _say(f"cannot write {path}: {e.strerror}")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        warn(f"cannot write {path}: {e.strerror}")

@@ -11,6 +11,8 @@
 
 The rules, first match wins:
 
+0. The shell (or rank 0) could not requeue the job as decided: if Slurm's record shows the
+   requeue went through anyway (its answer was lost), nothing to do; otherwise the job stops.
 1. The ranks reached `mark_done()`: the work is done, whatever happened after.
 2. Slurm requeued the job already (a preemption with GraceTime=0 does at once; its Restarts
    count is then ahead of this run's): nothing to do.
@@ -28,7 +30,9 @@ The rules, first match wins:
 docs/slurm-behaviour.md has what Slurm 22.05 was seen to do in each configuration.
 
 Requeues are counted by SLURM_RESTART_COUNT and capped by $SLURMDDP_MAX_REQUEUES; at the cap the
-job stops with `NOT_REQUEUED_STATUS` and Slurm is told not to requeue it either.
+job stops with `NOT_REQUEUED_STATUS` and Slurm is told not to requeue it either. Which id
+``scontrol requeue`` takes (the array task's ``<job>_<task>``, else the job's) is settled here
+too (`requeue_target`): the shell only runs what the verdict names.
 """
 
 from __future__ import annotations
@@ -41,20 +45,28 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-MAX_REQUEUES_VAR = "SLURMDDP_MAX_REQUEUES"
-SIGNAL_LEAD_VAR = "SLURMDDP_SIGNAL_LEAD"
-DEFAULT_MAX_REQUEUES = 3
-# Stopped for good without finishing (no requeue left, or nothing requeues it): EX_TEMPFAIL,
-# "try again later", which is what submitting again from the checkpoint does.
-NOT_REQUEUED_STATUS = 75
+from slurmddp.errors import EnvError, UserError, one_line
+from slurmddp.protocol import (
+    ACTIONS,
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SIGNAL,
+    DEFAULT_SIGNAL_LEAD_S,
+    MAX_REQUEUES_VAR,
+    NOT_REQUEUED_STATUS,
+    SIGNAL_LEAD_VAR,
+    USAGE_ERROR,
+)
+
+# The protocol's names among these are kept for modules that imported them from here.
+__all__ = [
+    "ACTIONS", "DEFAULT_MAX_REQUEUES", "MAX_REQUEUES_VAR", "NOT_REQUEUED_STATUS", "SIGNAL_LEAD_VAR",
+    "Decision", "Facts", "decide", "facts_from", "job_fields", "main", "requeue_budget",
+    "requeue_target", "seconds", "seconds_left",
+]  # fmt: skip
+
 # A stop signal within this long of the lead before the end is the time limit's warning
 # (slurmctld checks the limits about every 30 s, so the warning comes late by up to that).
 _LIMIT_SLACK_S = 60
-
-# What the caller does: end with STATUS (done: the work is finished; finished: the same, and the
-# done marker is left for a later requeue to find), requeue TARGET, stop (final: and tell Slurm
-# not to requeue it), or fail (and explain the failure).
-ACTIONS = ("done", "finished", "requeue", "stop", "final", "fail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +82,17 @@ class Facts:
     restart: int = 0
     allowed: int = DEFAULT_MAX_REQUEUES
     target: str = ""
-    stop_signal: str = "USR2"
-    lead_s: int = 120
+    stop_signal: str = DEFAULT_SIGNAL
+    lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    # The requeue a `requeue` verdict asked for failed: None (not tried, or it worked), else what
+    # scontrol said (may be empty). `job` is then Slurm's record read after the attempt.
+    requeue_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """What happens to the job: an `ACTIONS` word, the exit status, messages for the log."""
+
     action: str
     status: int
     lines: tuple[str, ...] = ()
@@ -83,6 +100,8 @@ class Decision:
 
 def decide(f: Facts) -> Decision:
     """What to do with the job once a run has ended (the rules in the module's docstring)."""
+    if f.requeue_error is not None:
+        return _after_failed_requeue(f)
     notes = _unused_protocol(f)
     if f.done:
         return Decision("done" if f.step_status in (0, None) else "fail", f.step_status or 0,
@@ -138,6 +157,17 @@ def _requeue(f: Facts, why: str, notes: tuple[str, ...]) -> Decision:
     return Decision("requeue", 0, (*notes, (
         f"{_job(f)} stopped ({why}) at restart {f.restart}{after}: requeued "
         f"({f.restart + 1} of {f.allowed})")))
+
+
+def _after_failed_requeue(f: Facts) -> Decision:
+    # The requeue's own TERM can end scontrol before it answers: Slurm's record says whether it
+    # went through.
+    if _requeued_already(f):
+        return Decision("stop", 0)
+    said = f": {f.requeue_error}" if f.requeue_error else ""
+    return Decision("stop", NOT_REQUEUED_STATUS, (
+        f"scontrol requeue {f.target or 'of the job'} failed{said}: the job ends here; submit "
+        "again to resume",))  # fmt: skip
 
 
 def _job(f: Facts) -> str:
@@ -219,7 +249,7 @@ def requeue_budget(environ: Mapping[str, str]) -> tuple[int, int]:
     restarts = environ.get("SLURM_RESTART_COUNT") or "0"
     allowed = environ.get(MAX_REQUEUES_VAR) or str(DEFAULT_MAX_REQUEUES)
     if not (restarts.isascii() and restarts.isdigit() and allowed.isascii() and allowed.isdigit()):
-        raise ValueError(
+        raise EnvError(
             f"SLURM_RESTART_COUNT={restarts!r} or {MAX_REQUEUES_VAR}={allowed!r} is not a count"
         )
     return int(restarts), int(allowed)
@@ -233,11 +263,15 @@ def facts_from(environ: Mapping[str, str], **known: Any) -> Facts:
     lead = environ.get(SIGNAL_LEAD_VAR, "")
     return Facts(restart=restart, allowed=allowed, target=requeue_target(environ),
                  stop_signal=stop_signal(environ).name[3:],
-                 lead_s=int(lead) if lead.isdigit() else 120, **known)  # fmt: skip
+                 lead_s=int(lead) if lead.isdigit() else DEFAULT_SIGNAL_LEAD_S,
+                 **known)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The batch script's decision (``-m slurmddp.preemption.decision``), facts as options."""
+    """The batch script's decision (``-m slurmddp.preemption.decision``), facts as options.
+
+    Prints the messages on stderr and ``ACTION STATUS TARGET`` on stdout (TARGET ``-``: none).
+    """
     p = argparse.ArgumentParser(prog="python -m slurmddp.preemption.decision")
     p.add_argument("--step-status", type=int, help="the step's exit status (absent: not started)")
     p.add_argument("--asked", help="the reason the ranks left in the requeue file")
@@ -245,15 +279,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--protocol-unused", action="store_true",
                    help="the script never called should_stop()")  # fmt: skip
     p.add_argument("--received", action="append", default=[], help="a signal the shell got")
+    p.add_argument("--requeue-failed", action="store_true",
+                   help="the requeue of the last verdict failed (stdin: the job after it)")
     args = p.parse_args(argv)
     try:
         facts = facts_from(os.environ, step_status=args.step_status, asked=args.asked or None,
                            done=args.done, protocol_used=not args.protocol_unused,
                            received=tuple(dict.fromkeys(args.received)),
-                           job=job_fields(sys.stdin.read()))  # fmt: skip
-    except ValueError as e:
-        print(f"slurmddp: {e}", file=sys.stderr)
-        return 2
+                           job=job_fields(sys.stdin.read()),
+                           requeue_error="" if args.requeue_failed else None)  # fmt: skip
+    except UserError as e:
+        print(f"slurmddp: {one_line(e)}", file=sys.stderr)
+        return USAGE_ERROR
     decision = decide(facts)
     for line in decision.lines:
         print(f"slurmddp: {line}", file=sys.stderr)

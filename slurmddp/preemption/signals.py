@@ -33,9 +33,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-SIGNAL_VAR = "SLURMDDP_SIGNAL"
-STOP_FILE_VAR = "SLURMDDP_STOP_FILE"
-DEFAULT_SIGNAL = "USR2"
+from slurmddp.errors import SignalError
+from slurmddp.protocol import DEFAULT_SIGNAL, SIGNAL_VAR, STOP_FILE_VAR
+
+__all__ = [
+    "DEFAULT_SIGNAL", "SIGNAL_VAR", "STOP", "STOP_FILE_VAR", "TERM", "Receiver", "bits_name",
+    "ignoring", "route", "stop_signal",
+]  # fmt: skip
 
 # Bits of what a process saw: the stop signal, SIGTERM.
 STOP, TERM = 1, 2
@@ -47,7 +51,9 @@ def stop_signal(environ: Mapping[str, str]) -> signal.Signals:
     try:
         return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
     except KeyError:
-        raise ValueError(f"{SIGNAL_VAR}={name!r} is not a signal name: use e.g. USR2") from None
+        raise SignalError(
+            f"{SIGNAL_VAR}={name!r} is not a signal name: use e.g. {DEFAULT_SIGNAL}"
+        ) from None
 
 
 def ignoring(name: str) -> tuple[str, ...]:
@@ -67,7 +73,11 @@ def bits_name(bits: int, stop: signal.Signals | None) -> str | None:
 
 
 class Receiver:
-    """This process's view of the stop signal and SIGTERM (one per process: `receiver`)."""
+    """A process's view of the stop signal and SIGTERM.
+
+    The process's own is held by `slurmddp.preemption.api.state()`; installing a second one
+    would take the signals over from the first.
+    """
 
     def __init__(self) -> None:
         self.seen = 0  # written by the handlers only
@@ -142,9 +152,6 @@ def _unblocked(sig: signal.Signals) -> None:
     """The one thread where the stop signal is delivered; it only waits."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
     threading.Event().wait()
-
-
-receiver = Receiver()
 
 
 # -- children started through multiprocessing ---------------------------------------------------

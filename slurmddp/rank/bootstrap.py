@@ -11,10 +11,9 @@ import os
 import sys
 from collections.abc import MutableMapping
 
+from slurmddp.protocol import MASTER_HOST_FORMAT_VAR as MASTER_HOST_FORMAT_VAR
 from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
 from slurmddp.rank.placement import THREADS_VAR, cpu_threads
-
-MASTER_HOST_FORMAT_VAR = "SLURMDDP_MASTER_HOST_FORMAT"
 
 _current: DistEnv | None = None
 

@@ -18,6 +18,10 @@ Precedence, first match wins (rank and world size always come as a pair from one
    the job's only where the step's are absent.
 5. Otherwise a single process. A batch shell or an interactive salloc shell has job variables but
    no step: it is one process, not SLURM_NTASKS of them.
+
+A Slurm step's own layout (uneven tasks per node, rank 0's host) is read by
+`slurmddp.rank.slurm_step`; every launcher's variables through the typed, source-recording reads
+of `slurmddp.rank.variables`.
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from slurmddp.errors import EnvError
-from slurmddp.rank import hostlist
-
-Launcher = Literal["torchrun", "env", "mpi", "slurm", "single"]
+from slurmddp.rank import hostlist, slurm_step
+from slurmddp.rank.slurm_step import hostfile_head as hostfile_head  # part of this module's API
+from slurmddp.rank.variables import Launcher, Layout, Vars
 
 # Derived master ports stay below Linux's ephemeral range (32768-60999) so that a port the kernel
 # handed to some client socket is never picked, and above most well-known services.
@@ -41,10 +45,7 @@ PORT_SPAN = 15000
 _STEPS_PER_JOB = 8
 DEFAULT_PORT = 29500  # torch's own default, for a lone process outside any job
 LOOPBACK = "127.0.0.1"
-# Plain ASCII digits only: int() would also take "1_000" or full-width digits.
-_INTEGER = re.compile(r"-?[0-9]+")
 _JOB_ID = re.compile(r"[0-9]+")
-
 
 
 class NodesUnknown(EnvError):
@@ -115,62 +116,6 @@ class DistEnv:
         ]
 
 
-class _Vars:
-    """Typed, source-recording reads of an environment mapping."""
-
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self._env = environ
-
-    def has(self, *names: str) -> bool:
-        return any(n in self._env for n in names)
-
-    def first(self, *names: str) -> tuple[str, str] | None:
-        """(value, name) of the first of `names` that is set, else None."""
-        for n in names:
-            if n in self._env:
-                return self._env[n], n
-        return None
-
-    def integer(self, *names: str, minimum: int = 0) -> tuple[int, str] | None:
-        found = self.first(*names)
-        if found is None:
-            return None
-        raw, name = found
-        if not _INTEGER.fullmatch(raw.strip()):
-            raise EnvError(f"{name}={raw!r} is not an integer: give a whole number, or unset it")
-        value = int(raw)
-        if value < minimum:
-            raise EnvError(f"{name}={raw!r} must be at least {minimum}")
-        return value, name
-
-    def pair(self, rank: str, size: str) -> tuple[tuple[int, str], tuple[int, str]] | None:
-        """Rank and size, both or neither: half a pair is an error, never a guess."""
-        if rank not in self._env and size not in self._env:
-            return None
-        if rank not in self._env or size not in self._env:
-            have, miss = (rank, size) if rank in self._env else (size, rank)
-            raise EnvError(f"{have} is set but {miss} is not: set both or neither")
-        r = self.integer(rank)
-        s = self.integer(size, minimum=1)
-        assert r is not None and s is not None
-        return r, s
-
-
-@dataclasses.dataclass
-class _Layout:
-    """Placement fields as they are being resolved, with their sources."""
-
-    launcher: Launcher
-    rank: tuple[int, str]
-    world_size: tuple[int, str]
-    local_rank: tuple[int, str]
-    local_world_size: tuple[int, str]
-    node_rank: tuple[int, str]
-    num_nodes: tuple[int, str]
-    nodes: tuple[list[str], str] | None = None  # the hosts of this step, first one is rank 0's
-    unplaced: str | None = None  # why rank 0's host is unknown, when `nodes` is None
-
-
 # (launcher family, rank, size, local rank, local size)
 _MPI_FAMILIES: Sequence[tuple[str, str, str, str | None, str | None]] = (
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -209,9 +154,9 @@ def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
     ``--distribution=arbitrary`` (`hostfile_head` reads it).
     Raises `EnvError` naming the variables when they contradict each other.
     """
-    v = _Vars(environ)
+    v = Vars(environ)
     layout = (_from_torchrun(v) or _from_env(v) or _from_mpi(v, mpi_nodes)
-              or _from_slurm(v, hostfile_head) or _single())  # fmt: skip
+              or slurm_step.layout(v, hostfile_head) or _single())  # fmt: skip
     _check(layout)
 
     job = v.first("SLURM_JOB_ID", "SLURM_JOBID")
@@ -257,7 +202,7 @@ _LAUNCHER_RULES: Mapping[Launcher, str] = {
 }
 
 
-def _from_torchrun(v: _Vars) -> _Layout | None:
+def _from_torchrun(v: Vars) -> Layout | None:
     if not v.has("TORCHELASTIC_RUN_ID"):
         return None
     pair = v.pair("RANK", "WORLD_SIZE")
@@ -269,7 +214,7 @@ def _from_torchrun(v: _Vars) -> _Layout | None:
     return _from_torchrun_names(v, "torchrun", *pair)
 
 
-def _from_env(v: _Vars) -> _Layout | None:
+def _from_env(v: Vars) -> Layout | None:
     pair = v.pair("RANK", "WORLD_SIZE")
     if pair is None:
         if v.has("LOCAL_RANK"):
@@ -279,7 +224,7 @@ def _from_env(v: _Vars) -> _Layout | None:
     return _from_torchrun_names(v, "env", *pair)
 
 
-def _check_against_the_step(v: _Vars, rank: tuple[int, str], size: tuple[int, str]) -> None:
+def _check_against_the_step(v: Vars, rank: tuple[int, str], size: tuple[int, str]) -> None:
     """RANK and WORLD_SIZE set by hand inside a Slurm step must be the step's own.
 
     Left over from a torchrun tried by hand (sbatch and salloc pass the whole environment on),
@@ -289,7 +234,7 @@ def _check_against_the_step(v: _Vars, rank: tuple[int, str], size: tuple[int, st
     if any(v.pair(family[1], family[2]) for family in _MPI_FAMILIES):
         return
     try:
-        step = _from_slurm(v)
+        step = slurm_step.layout(v)
     except EnvError:
         return
     if step is None or (step.rank[0], step.world_size[0]) == (rank[0], size[0]):
@@ -303,8 +248,8 @@ def _check_against_the_step(v: _Vars, rank: tuple[int, str], size: tuple[int, st
 
 
 def _from_torchrun_names(
-    v: _Vars, launcher: Launcher, rank: tuple[int, str], size: tuple[int, str]
-) -> _Layout:
+    v: Vars, launcher: Launcher, rank: tuple[int, str], size: tuple[int, str]
+) -> Layout:
     local_size = v.integer("LOCAL_WORLD_SIZE", minimum=1)
     local_rank = v.integer("LOCAL_RANK")
     if local_size is None:
@@ -320,10 +265,10 @@ def _from_torchrun_names(
         -(-size[0] // local_size[0]),
         "rule: WORLD_SIZE / LOCAL_WORLD_SIZE",
     )
-    return _Layout(launcher, rank, size, local_rank, local_size, node_rank, num_nodes)
+    return Layout(launcher, rank, size, local_rank, local_size, node_rank, num_nodes)
 
 
-def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | None:
+def _from_mpi(v: Vars, told: MpiNodes | Literal["block"] | None) -> Layout | None:
     found = next(
         ((fam, pair) for fam in _MPI_FAMILIES if (pair := v.pair(fam[1], fam[2])) is not None),
         None,
@@ -332,7 +277,7 @@ def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | N
         if not v.has("PMIX_RANK"):
             return None
         # PMIx publishes no world size in the environment: only a Slurm step can complete it.
-        slurm = _from_slurm(v)
+        slurm = slurm_step.layout(v)
         pmix = v.integer("PMIX_RANK")
         assert pmix is not None
         if slurm is None or slurm.rank[0] != pmix[0]:
@@ -345,7 +290,7 @@ def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | N
     rank, size = pair
 
     try:
-        slurm = _from_slurm(v)
+        slurm = slurm_step.layout(v)
     except EnvError:
         slurm = None  # a broken step here belongs to mpirun's daemon, not to this rank
     if slurm is not None and (slurm.rank[0], slurm.world_size[0]) == (rank[0], size[0]):
@@ -363,7 +308,7 @@ def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | N
     _check_ranks(rank, size, local_rank, local_size)
     if local_size[0] == size[0]:
         rule = "rule: all ranks on one node"
-        return _Layout("mpi", rank, size, local_rank, local_size, (0, rule), (1, rule))
+        return Layout("mpi", rank, size, local_rank, local_size, (0, rule), (1, rule))
     # MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK counts processes, not nodes), and
     # mpirun may map round-robin (--map-by node) or put uneven counts on the hosts.
     if told is None:
@@ -376,13 +321,13 @@ def _from_mpi(v: _Vars, told: MpiNodes | Literal["block"] | None) -> _Layout | N
             f"{local_size[1]}={local_size[0]}, but {told.ranks_here} ranks report this rank's "
             "host: give each node a distinct host name (SLURMD_NODENAME or the system's)"
         )
-    return _Layout("mpi", rank, size, local_rank, local_size, (told.node_rank, source),
+    return Layout("mpi", rank, size, local_rank, local_size, (told.node_rank, source),
                    (told.num_nodes, source),
                    ([told.master_host], "rule: rank 0's host, told over MPI (mpi4py)"))  # fmt: skip
 
 
 def _block_placement(rank: tuple[int, str], size: tuple[int, str], local_rank: tuple[int, str],
-                     local_size: tuple[int, str]) -> _Layout:  # fmt: skip
+                     local_size: tuple[int, str]) -> Layout:  # fmt: skip
     """Nodes under the assumption that mpirun filled them in order, equally; refused where this
     rank can see that it did not."""
     per_node = local_size[0]
@@ -394,126 +339,16 @@ def _block_placement(rank: tuple[int, str], size: tuple[int, str], local_rank: t
             "many ranks on every node"
         )
     rule = f"rule: block placement, {local_size[1]} ranks per node (mpi4py not installed)"
-    return _Layout("mpi", rank, size, local_rank, local_size,
+    return Layout("mpi", rank, size, local_rank, local_size,
                    (rank[0] // per_node, rule), (size[0] // per_node, rule))  # fmt: skip
 
 
-def _from_slurm(v: _Vars, hostfile_head: str | None = None) -> _Layout | None:
-    if not (v.has("SLURM_STEP_ID", "SLURM_STEPID") and v.has("SLURM_PROCID")):
-        return None
-    rank = v.integer("SLURM_PROCID")
-    size = v.integer("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
-    local_rank = v.integer("SLURM_LOCALID")
-    node_rank = v.integer("SLURM_NODEID")
-    num_nodes = v.integer("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1)
-    missing = [
-        name
-        for name, value in (
-            ("SLURM_STEP_NUM_TASKS", size),
-            ("SLURM_LOCALID", local_rank),
-            ("SLURM_NODEID", node_rank),
-            ("SLURM_STEP_NUM_NODES", num_nodes),
-        )
-        if value is None
-    ]
-    if missing:
-        raise EnvError(
-            f"a Slurm step is incomplete: {', '.join(missing)} unset; start the ranks with srun, "
-            "which sets them all"
-        )
-    assert rank and size and local_rank and node_rank and num_nodes
-    if node_rank[0] >= num_nodes[0]:
-        raise EnvError(f"{node_rank[1]}={node_rank[0]} is not below {num_nodes[1]}={num_nodes[0]}")
-
-    nodes = None
-    place = node_rank
-    nodelist = v.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    if nodelist is not None:
-        try:
-            hosts = hostlist.expand(nodelist[0])
-        except ValueError as e:
-            raise EnvError(f"{nodelist[1]}: {e}") from None
-        if len(hosts) != num_nodes[0] and nodelist[1] == "SLURM_STEP_NODELIST":
-            raise EnvError(
-                f"SLURM_STEP_NODELIST={nodelist[0]!r} names {len(hosts)} nodes but "
-                f"{num_nodes[1]}={num_nodes[0]}"
-            )
-        # The node list and the tasks per node are sorted by name; SLURM_NODEID is not always
-        # a place in them (a heterogeneous step counts its nodes component by component).
-        me = v.first("SLURMD_NODENAME")
-        if nodelist[1] == "SLURM_STEP_NODELIST" and me is not None and me[0] in hosts:
-            place = (hosts.index(me[0]), me[1])
-        nodes = _rank_0_first(v, hosts, nodelist[1], hostfile_head)
-    local_size = _slurm_local_size(v, place, num_nodes, size)
-    unplaced = _HOSTFILE_UNREAD if nodelist is not None and nodes is None else None
-    return _Layout("slurm", rank, size, local_rank, local_size, node_rank, num_nodes, nodes,
-                   unplaced)  # fmt: skip
-
-
-_HOSTFILE_UNREAD = (
-    "--distribution=arbitrary places rank 0 on the first host of SLURM_HOSTFILE, which this rank "
-    "cannot read: keep the file on a shared file system, or set MASTER_ADDR to that host")
-
-
-def _rank_0_first(v: _Vars, hosts: list[str], name: str,
-                  hostfile_head: str | None) -> tuple[list[str], str] | None:  # fmt: skip
-    """The step's hosts with rank 0's first: the sorted node list is not in task order when the
-    tasks follow a host file (``--distribution=arbitrary``) or come component by component (a
-    heterogeneous step). None when the host file was needed and not read."""
-    distribution = v.first("SLURM_DISTRIBUTION")
-    if distribution is not None and distribution[0].startswith("arbitrary"):
-        if hostfile_head is None:
-            return None
-        return [hostfile_head, *hosts], "rule: first host of SLURM_HOSTFILE (arbitrary)"
-    components = v.integer("SLURM_HET_SIZE", "SLURM_PACK_SIZE", minimum=1)
-    if components is None:
-        return hosts, f"rule: first host of {name}"
-    ordered: list[str] = []
-    for group in range(components[0]):
-        listed = v.first(f"SLURM_JOB_NODELIST_HET_GROUP_{group}",
-                         f"SLURM_JOB_NODELIST_PACK_GROUP_{group}")  # fmt: skip
-        if listed is None:
-            continue
-        try:
-            ordered += hostlist.expand(listed[0])
-        except ValueError as e:
-            raise EnvError(f"{listed[1]}: {e}") from None
-    step = set(hosts)
-    ordered = [h for h in dict.fromkeys(ordered) if h in step]
-    return ordered + [h for h in hosts if h not in ordered], (
-        f"rule: first host of the first component in {name} (heterogeneous job)")
-
-
-def _slurm_local_size(
-    v: _Vars, node_rank: tuple[int, str], num_nodes: tuple[int, str], size: tuple[int, str]
-) -> tuple[int, str]:
-    # Tasks are not spread evenly (srun -N3 -n5 gives 2,2,1), so ntasks // nnodes is wrong.
-    spec = v.first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    if spec is None:
-        if size[0] % num_nodes[0]:
-            raise EnvError(
-                f"SLURM_STEP_TASKS_PER_NODE is unset and {size[1]}={size[0]} does not divide "
-                f"evenly over {num_nodes[1]}={num_nodes[0]}"
-            )
-        return size[0] // num_nodes[0], f"rule: {size[1]} / {num_nodes[1]}"
-    try:
-        counts = hostlist.expand_tasks_per_node(spec[0])
-    except ValueError as e:
-        raise EnvError(f"{spec[1]}: {e}") from None
-    if len(counts) != num_nodes[0] or sum(counts) != size[0]:
-        raise EnvError(
-            f"{spec[1]}={spec[0]!r} disagrees with {num_nodes[1]}={num_nodes[0]} and "
-            f"{size[1]}={size[0]}"
-        )
-    return counts[node_rank[0]], f"{spec[1]}[{node_rank[1]}]"
-
-
-def _single() -> _Layout:
+def _single() -> Layout:
     rule = "rule: single process"
-    return _Layout("single", (0, rule), (1, rule), (0, rule), (1, rule), (0, rule), (1, rule))
+    return Layout("single", (0, rule), (1, rule), (0, rule), (1, rule), (0, rule), (1, rule))
 
 
-def _check(layout: _Layout) -> None:
+def _check(layout: Layout) -> None:
     _check_ranks(layout.rank, layout.world_size, layout.local_rank, layout.local_world_size)
     if layout.node_rank[0] >= layout.num_nodes[0]:
         raise EnvError(f"{layout.node_rank[1]}={layout.node_rank[0]} is not below "
@@ -529,7 +364,7 @@ def _check_ranks(rank: tuple[int, str], size: tuple[int, str], local_rank: tuple
         raise EnvError(f"{local_size[1]}={local_size[0]} exceeds {size[1]}={size[0]}")
 
 
-def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]:
+def _master_addr(v: Vars, layout: Layout, host_format: str) -> tuple[str, str]:
     given = v.first("MASTER_ADDR")
     if given is not None and given[0].strip():
         return given[0].strip(), "MASTER_ADDR"
@@ -567,7 +402,7 @@ def _master_addr(v: _Vars, layout: _Layout, host_format: str) -> tuple[str, str]
         ) from None
 
 
-def _master_port(v: _Vars, job: tuple[str, str] | None) -> tuple[int, str]:
+def _master_port(v: Vars, job: tuple[str, str] | None) -> tuple[int, str]:
     given = v.integer("MASTER_PORT", minimum=1)
     if given is not None:
         if given[0] > 65535:
@@ -596,20 +431,4 @@ def derive_port(job_id: int, step_id: int = 0) -> int:
     ids agree modulo 8.
     """
     return PORT_BASE + (job_id * _STEPS_PER_JOB + step_id % _STEPS_PER_JOB) % PORT_SPAN
-
-
-def hostfile_head(environ: Mapping[str, str]) -> str | None:
-    """The first host of $SLURM_HOSTFILE where the tasks follow it (``--distribution=arbitrary``;
-    rank 0 runs there), else None; None too where the file cannot be read."""
-    if not environ.get("SLURM_DISTRIBUTION", "").startswith("arbitrary"):
-        return None
-    try:
-        with open(environ["SLURM_HOSTFILE"]) as f:
-            for line in f:
-                first = line.replace(",", " ").split()
-                if first:
-                    return hostlist.expand(first[0])[0]
-    except (KeyError, OSError, ValueError, IndexError):
-        pass
-    return None
 

@@ -2,7 +2,7 @@
 
 `expand` matches ``scontrol show hostnames`` and `compress` matches ``scontrol show hostlist``
 (Slurm 22.05), both checked by tests/test_hostlist_cluster.py. Where Slurm silently repairs or
-misreads malformed input, these functions raise ``ValueError`` instead.
+misreads malformed input, these functions raise `HostlistError` (a ValueError) instead.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from slurmddp.errors import HostlistError
 
 __all__ = ["compress", "expand", "expand_tasks_per_node"]
 
@@ -41,7 +43,7 @@ def expand(nodelist: str) -> list[str]:
     """Every host of a Slurm hostlist expression, in ``scontrol show hostnames`` order.
 
     ``"n[1-3,7],gpu[01-02]"`` gives ``n1 n2 n3 n7 gpu01 gpu02``; duplicates are kept. Raises
-    ValueError, naming `nodelist`, if it is malformed.
+    `HostlistError`, naming `nodelist`, if it is malformed.
     """
     hosts: list[str] = []
     for token in _tokens(nodelist):
@@ -54,7 +56,7 @@ def compress(hosts: Iterable[str]) -> str:
 
     Like Slurm it neither sorts nor removes duplicates: only hosts that follow each other and
     count up by one share a range (``n3,n1,n2`` gives ``n[3,1-2]``), so ``expand(compress(h))``
-    is ``h``. Raises ValueError for a name that cannot appear in a hostlist.
+    is ``h``. Raises `HostlistError` for a name that cannot appear in a hostlist.
     """
     if isinstance(hosts, str):
         raise TypeError("compress() takes an iterable of host names, not one str")
@@ -80,8 +82,8 @@ def compress(hosts: Iterable[str]) -> str:
 def expand_tasks_per_node(spec: str) -> list[int]:
     """Tasks on each node from SLURM_TASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE.
 
-    ``"2(x3),1"`` gives ``[2, 2, 2, 1]``; ``""`` gives ``[]``. Raises ValueError, naming `spec`,
-    if it is malformed.
+    ``"2(x3),1"`` gives ``[2, 2, 2, 1]``; ``""`` gives ``[]``. Raises `HostlistError`, naming
+    `spec`, if it is malformed.
     """
     counts: list[int] = []
     if not spec:
@@ -89,14 +91,14 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     for item in spec.split(","):
         match = _TASKS_ITEM.fullmatch(item)
         if match is None:
-            raise ValueError(
+            raise HostlistError(
                 f"invalid tasks per node {spec!r}: {item!r} is not N or N(xM)"
                 if item
                 else f"invalid tasks per node {spec!r}: empty item"
             )
         repeat = int(match[2]) if match[2] is not None else 1
         if repeat == 0:
-            raise ValueError(f"invalid tasks per node {spec!r}: {item!r} repeats zero times")
+            raise HostlistError(f"invalid tasks per node {spec!r}: {item!r} repeats zero times")
         counts.extend([int(match[1])] * repeat)
     return counts
 
@@ -181,8 +183,8 @@ def _group_values(nodelist: str, group: str) -> list[str]:
     return values
 
 
-def _invalid(nodelist: str, reason: str) -> ValueError:
-    return ValueError(f"invalid hostlist {nodelist!r}: {reason}")
+def _invalid(nodelist: str, reason: str) -> HostlistError:
+    return HostlistError(f"invalid hostlist {nodelist!r}: {reason}")
 
 
 # ---- compress ----
@@ -193,7 +195,7 @@ def _parse_host(host: str) -> _Run:
     bad = next((c for c in host if c in "[]" or c in _SEPARATORS or not c.isprintable()), None)
     if not host or bad is not None:
         why = "empty" if not host else f"contains {bad!r}"
-        raise ValueError(f"invalid host name {host!r} for a hostlist: {why}")
+        raise HostlistError(f"invalid host name {host!r} for a hostlist: {why}")
     prefix = host.rstrip(_DIGITS)
     if len(prefix) == len(host):
         return _Run(host, single=True)

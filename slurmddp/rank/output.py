@@ -67,5 +67,5 @@ def prefix_output(rank: int, world_size: int) -> None:
     """
     width = len(str(max(world_size - 1, 0)))
     prefix = f"[{rank:>{width}}/{world_size}] "
-    sys.stdout = PrefixedStream(sys.stdout, prefix)  # type: ignore[assignment]
-    sys.stderr = PrefixedStream(sys.stderr, prefix)  # type: ignore[assignment]
+    sys.stdout = PrefixedStream(sys.stdout, prefix)
+    sys.stderr = PrefixedStream(sys.stderr, prefix)

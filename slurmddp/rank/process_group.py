@@ -7,15 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slurmddp.dist import group as current_group
 from slurmddp.preemption import api as preemption
+from slurmddp.protocol import BACKEND_VAR as BACKEND_VAR
 from slurmddp.rank import placement, startup
 from slurmddp.rank.bootstrap import bootstrap
 from slurmddp.rank.env import DistEnv
 
 _placement: placement.Placement | None = None
 
-
-BACKEND_VAR = "SLURMDDP_BACKEND"
 
 
 def init(
@@ -31,9 +31,8 @@ def init(
 
     `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi; by default the one the job
     was submitted with (``slurmddp submit --backend``, exported as $SLURMDDP_BACKEND), else auto.
-    `timeout` (seconds or a
-    timedelta) bounds every collective, and start-up when shorter; None keeps torch's default
-    (30 minutes on gloo, 10 on nccl). `startup_timeout` (seconds, default
+    `timeout` (seconds or a timedelta) bounds every collective, and start-up when shorter; None
+    keeps torch's default (30 minutes on gloo, 10 on nccl). `startup_timeout` (seconds, default
     $SLURMDDP_STARTUP_TIMEOUT or 300) bounds the wait for every rank to join; its failure is a
     `slurmddp.rank.startup.StartupError` naming the missing ranks. Calling `init` again returns the
     same `DistEnv` without touching the existing group.
@@ -46,18 +45,11 @@ def init(
                          f"{startup_timeout!r}")  # fmt: skip
     dist = bootstrap(master_host_format=master_host_format)
     preemption.install()
-    if td.is_initialized():
+    if current_group() is not None:
         return dist
 
-    if backend is None:
-        backend = os.environ.get(BACKEND_VAR) or "auto"
-        if backend not in placement.BACKENDS:
-            raise placement.PlacementError(
-                f"{BACKEND_VAR}={backend!r} is not a backend: use one of "
-                f"{', '.join(placement.BACKENDS)} (slurmddp submit --backend)"
-            )
     chosen = placement.choose(
-        backend,
+        _submitted_backend() if backend is None else backend,
         local_rank=dist.local_rank,
         local_world_size=dist.local_world_size,
         cuda_device_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
@@ -65,35 +57,52 @@ def init(
         nccl_available=td.is_nccl_available(),
         mpi_available=td.is_mpi_available(),
     )
-    kwargs: dict = {}
+    global _placement
+    _placement = chosen
+    if chosen.cuda_index is not None:
+        torch.cuda.set_device(chosen.cuda_index)
+        _run_near(torch, chosen.cuda_index)
+    _start(torch, td, chosen, dist, timeout, startup_timeout)
+    return dist
+
+
+def _submitted_backend() -> str:
+    """The backend the job was submitted with ($SLURMDDP_BACKEND), else auto."""
+    backend = os.environ.get(BACKEND_VAR) or "auto"
+    if backend not in placement.BACKENDS:
+        raise placement.PlacementError(
+            f"{BACKEND_VAR}={backend!r} is not a backend: use one of "
+            f"{', '.join(placement.BACKENDS)} (slurmddp submit --backend)"
+        )
+    return backend
+
+
+def _start(torch: Any, td: Any, chosen: placement.Placement, dist: DistEnv,
+           timeout: float | datetime.timedelta | None,
+           startup_timeout: float | None) -> None:  # fmt: skip
+    """init_process_group for `chosen`, through the bounded rendezvous (`startup.register`)."""
+    kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["timeout"] = (
             timeout
             if isinstance(timeout, datetime.timedelta)
             else datetime.timedelta(seconds=timeout)
         )
-    global _placement
-    _placement = chosen
-    if chosen.cuda_index is not None:
-        torch.cuda.set_device(chosen.cuda_index)
-        _run_near(torch, chosen.cuda_index)
     if chosen.backend == "nccl":
         # Binding the device eagerly lets NCCL build its communicator at init, not first use.
         kwargs["device_id"] = torch.device(chosen.device)
     if chosen.backend == "mpi":
         td.init_process_group("mpi", **kwargs)  # MPI knows rank and size itself
-        return dist
-    startup.patch()
+        return
     gpu = _uuid(torch, chosen.cuda_index) if chosen.backend == "nccl" else None
     with startup.limited(startup_timeout, gpu=gpu):
         td.init_process_group(
             chosen.backend,
-            init_method="env://",
+            init_method=startup.register(),
             rank=dist.rank,
             world_size=dist.world_size,
             **kwargs,
         )
-    return dist
 
 
 def _uuid(torch: Any, index: int | None) -> str | None:

@@ -24,14 +24,18 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from slurmddp import errors
-from slurmddp.errors import USAGE_ERROR, Parser, UserError, fail, one_line, report, reported
+from slurmddp.errors import EnvError, Parser, UserError, fail, one_line, report, reported
 from slurmddp.preemption import api as preemption
+from slurmddp.protocol import (
+    FAILURE_FILE_VAR,
+    MASTER_HOST_FORMAT_VAR,
+    NOT_REQUEUED_STATUS,
+    USAGE_ERROR,
+)
 from slurmddp.rank import startup
-from slurmddp.rank.bootstrap import MASTER_HOST_FORMAT_VAR, bootstrap, current
-from slurmddp.rank.env import EnvError
+from slurmddp.rank.bootstrap import bootstrap, current
 
 PROG = "python -m slurmddp.run"
-FAILURE_FILE_VARIABLE = "SLURMDDP_FAILURE_FILE"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -91,7 +95,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         _execute(module, rest)
     except SystemExit as e:
         # 75: stopped for good after a checkpoint (slurmddp.preemption said why), not a failure.
-        if e.code not in (None, 0, preemption.NOT_REQUEUED_STATUS):
+        if e.code not in (None, 0, NOT_REQUEUED_STATUS):
             _note_failure(f"exited with status {e.code if isinstance(e.code, int) else 1}")
         return e.code
     except UserError as e:
@@ -116,7 +120,7 @@ def _note_failure(what: str, *, echo: bool = True) -> None:
     line = f"slurmddp: rank {dist.rank if dist else '?'} (host {startup.host_name()}) {what}"
     if echo:
         print(line, file=sys.stderr, flush=True)
-    path = os.environ.get(FAILURE_FILE_VARIABLE)
+    path = os.environ.get(FAILURE_FILE_VAR)
     if path:
         with contextlib.suppress(OSError):  # the report must not hide the failure itself
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -182,7 +186,8 @@ def exit_process(status: int | str | None) -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(Exception):
-            stream.flush()
+            if stream is not None:  # no stream at all under pythonw and some daemons
+                stream.flush()
     if "mpi4py.MPI" in sys.modules:
         # mpi4py finalizes MPI at interpreter shutdown, which os._exit skips; mpirun counts a
         # rank that leaves without MPI_Finalize as failed.

@@ -10,9 +10,11 @@ this rank's arrival) and its failures are one clear `StartupError`:
   ``srun --kill-on-bad-exit`` ends the other ranks);
 - rank 0's rendezvous does not answer in time: where it was looked for.
 
-`slurmddp.init` uses it; under ``python -m slurmddp.run`` a script's own
-``torch.distributed.init_process_group()`` (``env://``, the default) gets it too: the runner
-replaces torch's ``env://`` handler when torch is imported (`install_hook`). Once every rank has
+`slurmddp.init` uses it as the ``slurmddp://`` rendezvous, registered through torch's public
+``register_rendezvous_handler`` (`register`); it reads the variables ``env://`` reads. Under
+``python -m slurmddp.run`` a script's own ``torch.distributed.init_process_group()``
+(``env://``, the default) gets it too: the runner replaces torch's ``env://`` handler when torch
+is imported (`install_hook`, `patch`: torch's one private API used here). Once every rank has
 arrived, the store takes the process group's timeout again, as torch's own handler leaves it,
 and `slurmddp.rank.coordination` keeps it for what collectives should not do (stop, long waits).
 """
@@ -26,15 +28,15 @@ import importlib.machinery
 import os
 import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
-from urllib.parse import parse_qsl, urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
-from slurmddp.errors import StartupError, UserError
+from slurmddp.errors import StartupError, UserError, warn
+from slurmddp.protocol import STARTUP_TIMEOUT_VAR as TIMEOUT_VARIABLE
 from slurmddp.rank import coordination
 
-TIMEOUT_VARIABLE = "SLURMDDP_STARTUP_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 _RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
 _PATCHED = "_slurmddp_startup"  # marks our handler, so that patching twice is harmless
@@ -42,7 +44,6 @@ _PATCHED = "_slurmddp_startup"  # marks our handler, so that patching twice is h
 _override_s: float | None = None  # `slurmddp.init(startup_timeout=...)`, for its one call
 _gpu: str | None = None  # the UUID of the GPU `slurmddp.init` gave this rank, for its one call
 _generation = 0  # each rendezvous of this process joins under its own keys
-
 
 
 def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
@@ -203,48 +204,125 @@ def open_store(addr: str, port: int, rank: int, world_size: int, timeout_s: floa
         raise
 
 
+def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any],
+             torch_env: Callable[[str, datetime.timedelta], tuple[Any, int, int]],
+             ) -> Iterator[tuple[Any, int, int]]:  # fmt: skip
+    """The bounded ``env://`` rendezvous of `url`: what `register` and `patch` install.
+
+    `torch_env(url, timeout)` is torch's own, for what this one leaves to it.
+    """
+    from torch.distributed.constants import default_pg_timeout
+
+    timeout = default_pg_timeout if timeout is None else timeout
+    limit = min(startup_timeout(), timeout.total_seconds())
+    query = dict(parse_qsl(urlparse(url).query))
+    try:
+        rank = int(query.get("rank") or os.environ["RANK"])
+        world_size = int(query.get("world_size") or os.environ["WORLD_SIZE"])
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError):
+        rank = world_size = -1
+    if rank < 0 or world_size < 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torch's own: its errors for a missing variable; torchrun's agent hosting the store.
+        store, rank, world_size = torch_env(url, timeout)
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    else:
+        libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
+        store = open_store(addr, port, rank, world_size, limit, libuv)
+        where = f"{addr}:{port}"
+    join(store, rank, world_size, limit, where, gpu=_gpu)
+    store.set_timeout(timeout)
+    coordination.record(store, rank, world_size)
+    yield store, rank, world_size
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+
+# --- slurmddp.init: a scheme of our own, through torch's public registry ---------------------
+
+SCHEME = "slurmddp"
+_registered = False
+_torch_env_handler: Any = None  # torch's env:// handler, once `patch` replaced it
+
+
+def register() -> str:
+    """Register the bounded rendezvous as ``slurmddp://`` (once); the init_method to give.
+
+    It reads what ``env://`` reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, the URL's query).
+    """
+    global _registered
+    if not _registered:
+        from torch.distributed.rendezvous import register_rendezvous_handler
+
+        with contextlib.suppress(RuntimeError):  # registered by an earlier copy of this module
+            register_rendezvous_handler(SCHEME, _scheme_handler)
+        _registered = True
+    return f"{SCHEME}://"
+
+
+def _scheme_handler(url: str, timeout: datetime.timedelta | None = None,
+                    **kwargs: Any) -> Iterator[tuple[Any, int, int]]:  # fmt: skip
+    return _bounded(url, timeout, kwargs, lambda u, t: _torch_env(u, t, kwargs))
+
+
+def _torch_env(url: str, timeout: datetime.timedelta,
+               kwargs: dict[str, Any]) -> tuple[Any, int, int]:  # fmt: skip
+    """torch's own ``env://`` rendezvous for a ``slurmddp://`` `url`."""
+    parts = urlparse(url)
+    if _torch_env_handler is not None:  # env:// is ours (`patch`): not through it a second time
+        return next(_torch_env_handler(urlunparse(parts._replace(scheme="env")),
+                                       timeout=timeout, **kwargs))  # fmt: skip
+    from torch.distributed.rendezvous import rendezvous
+
+    # torch's public entry puts rank and world size into the query itself.
+    query = dict(parse_qsl(parts.query))
+    rank, world_size = int(query.pop("rank", -1)), int(query.pop("world_size", -1))
+    env_url = urlunparse(parts._replace(scheme="env", query=urlencode(query)))
+    return next(rendezvous(env_url, rank, world_size, timeout=timeout, **kwargs))
+
+
+# --- the runner: a script's own init_process_group() ------------------------------------------
+#
+# A script's plain ``init_process_group()`` asks for env://, and torch has no public way to
+# replace a registered handler (register_rendezvous_handler refuses a scheme twice). So `patch`
+# swaps the entry in torch's private ``_rendezvous_handlers`` dict, pinned by
+# tests/test_dependencies.py. Where a torch lacks it, the script keeps torch's own env://
+# (unbounded, torch's messages) and a warning says so; `slurmddp.init` is unaffected (`register`).
+
+_PRIVATE_HANDLERS = "_rendezvous_handlers"
+
+
 def _wrap(original: Any) -> Any:
     def env_handler(url: str, timeout: datetime.timedelta | None = None,
                     **kwargs: Any) -> Iterator[tuple[Any, int, int]]:  # fmt: skip
-        from torch.distributed.constants import default_pg_timeout
-
-        timeout = default_pg_timeout if timeout is None else timeout
-        limit = min(startup_timeout(), timeout.total_seconds())
-        query = dict(parse_qsl(urlparse(url).query))
-        try:
-            rank = int(query.get("rank") or os.environ["RANK"])
-            world_size = int(query.get("world_size") or os.environ["WORLD_SIZE"])
-            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        except (KeyError, ValueError):
-            rank = world_size = -1
-        if rank < 0 or world_size < 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # torch's own: its errors for a missing variable; torchrun's agent hosting the store.
-            store, rank, world_size = next(original(url, timeout=timeout, **kwargs))
-            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        else:
-            libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
-            store = open_store(addr, port, rank, world_size, limit, libuv)
-            where = f"{addr}:{port}"
-        join(store, rank, world_size, limit, where, gpu=_gpu)
-        store.set_timeout(timeout)
-        coordination.record(store, rank, world_size)
-        yield store, rank, world_size
-        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+        return _bounded(url, timeout, kwargs,
+                        lambda u, t: next(original(u, timeout=t, **kwargs)))  # fmt: skip
 
     setattr(env_handler, _PATCHED, original)
     return env_handler
 
 
-def patch(module: ModuleType | None = None) -> None:
-    """Replace torch's ``env://`` rendezvous handler with the bounded one (idempotent)."""
+def patch(module: ModuleType | None = None) -> bool:
+    """Replace torch's ``env://`` rendezvous handler with the bounded one (idempotent).
+
+    False, with a warning, where this torch keeps its handlers elsewhere (the script's env://
+    stays torch's own).
+    """
+    global _torch_env_handler
     if module is None:
         import torch.distributed  # noqa: F401  (loads the rendezvous module)
 
         module = sys.modules[_RENDEZVOUS_MODULE]
-    handlers = module._rendezvous_handlers
-    original = handlers.get("env")
-    if original is not None and not hasattr(original, _PATCHED):
+    handlers = getattr(module, _PRIVATE_HANDLERS, None)
+    if not isinstance(handlers, dict) or handlers.get("env") is None:
+        warn(f"this torch has no {_RENDEZVOUS_MODULE}.{_PRIVATE_HANDLERS}['env']: a script's own "
+             "init_process_group() waits as torch's env:// does, not as "
+             f"{TIMEOUT_VARIABLE} says (slurmddp.init() is bounded)")  # fmt: skip
+        return False
+    original = handlers["env"]
+    if not hasattr(original, _PATCHED):
+        _torch_env_handler = original
         handlers["env"] = _wrap(original)
+    return True
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

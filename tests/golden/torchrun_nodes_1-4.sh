@@ -37,7 +37,10 @@ export SLURMDDP_FAILURE_FILE="$job_dir"/failures
 restart=${SLURM_RESTART_COUNT:-0}
 
 echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"
-(umask o-w && mkdir -p -- "$job_dir") || exit 1  # never world-writable, whatever the umask
+# Never world-writable, whatever the umask.
+(umask o-w && mkdir -p -- "$job_dir") || exit 1
+# Checked here, not asked of Python: the setup lines that may make the job's python work have not
+# run yet.
 if [[ -e $SLURMDDP_DONE_FILE ]]; then
     # Requeued after its work was done (preempted while exiting): nothing is left to run.
     echo "slurmddp: job $SLURM_JOB_ID finished its work in an earlier run: not run again"
@@ -139,7 +142,7 @@ summarise_failure() {
     fi
 }
 
-# ---- what happens to the job: decided from the run's outcome and Slurm's record of the job ------
+# ---- what happens to the job: decided by slurmddp.preemption.decision, carried out here -----
 # A requeue (Slurm's, or the one below) sends TERM to this shell's processes; these must finish.
 immune() { (trap '' TERM; exec "$@"); }
 facts=()
@@ -151,8 +154,12 @@ fi
 if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
 if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
 for sig in $received; do facts+=(--received "$sig"); done
-verdict=$(immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}")
-read -r action code target <<<"$verdict"
+# The facts and Slurm's record of the job in; the verdict ACTION STATUS TARGET out.
+decide() {
+    immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null \
+        | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}" "$@"
+}
+read -r action code target <<<"$(decide)"
 case $action in
     finished)
         : >"$SLURMDDP_DONE_FILE"  # a requeue racing this exit must not run the job again
@@ -165,15 +172,10 @@ case $action in
         exit "$code" ;;
     requeue)
         if ! immune scontrol requeue "$target"; then
-            # Its answer can be lost while the requeue it asked for went through: look.
-            restarts=$(immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o ' Restarts=[0-9]*')
-            restarts=${restarts#*=}
-            if ((${restarts:-0} <= restart)); then
-                echo "slurmddp: scontrol requeue $target failed: the job ends here; submit again to resume" >&2
-                exit 75
-            fi
+            # Its answer can be lost while the requeue went through: the decision looks again.
+            read -r action code target <<<"$(decide --requeue-failed)"
         fi
-        exit 0 ;;
+        exit "${code:-75}" ;;
     *)
         echo "slurmddp: no decision from python -m slurmddp.preemption.decision; the job ends with the step's status" >&2
         exit "${status:-1}" ;;

@@ -1,0 +1,78 @@
+"""What slurmddp's processes tell each other: the batch shell, the ranks, the local emulation.
+
+Every ``SLURMDDP_*`` environment variable, every exit status with a meaning of its own and the
+stop protocol's defaults are named here, once. Python modules import them; the batch script
+template gets them through its render context (`template_names`, as ``p``), so that no name or
+status is spelled twice and the shell holds no rule of its own. Pure: nothing is imported.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+# -- environment variables a user may set -------------------------------------------------------
+
+BACKEND_VAR: Final = "SLURMDDP_BACKEND"  # init()'s default backend (submit --backend)
+STARTUP_TIMEOUT_VAR: Final = "SLURMDDP_STARTUP_TIMEOUT"  # seconds a rank waits for the others
+MASTER_HOST_FORMAT_VAR: Final = "SLURMDDP_MASTER_HOST_FORMAT"  # rank 0's address, e.g. {host}-ib0
+PROFILES_VAR: Final = "SLURMDDP_PROFILES"  # the centre's profiles file
+DEBUG_VAR: Final = "SLURMDDP_DEBUG"  # set (not 0): errors come with their traceback
+
+# -- the stop protocol's settings, exported by the batch script (or the local emulation) -------
+
+SIGNAL_VAR: Final = "SLURMDDP_SIGNAL"  # the stop signal's name (USR2, USR1)
+SIGNAL_LEAD_VAR: Final = "SLURMDDP_SIGNAL_LEAD"  # seconds before the time limit it comes
+MAX_REQUEUES_VAR: Final = "SLURMDDP_MAX_REQUEUES"  # requeues the stop protocol may ask for
+
+# -- the files through which the ranks and the batch shell talk, in <output dir>/<job id>/ -----
+
+REQUEUE_FILE_VAR: Final = "SLURMDDP_REQUEUE_FILE"  # rank 0: the ranks stopped and checkpointed
+DONE_FILE_VAR: Final = "SLURMDDP_DONE_FILE"  # rank 0: mark_done() reached
+ASKED_FILE_VAR: Final = "SLURMDDP_ASKED_FILE"  # rank 0: the script called should_stop()
+STOP_FILE_VAR: Final = "SLURMDDP_STOP_FILE"  # the shell: a stop signal came (for ranks starting)
+FAILURE_FILE_VAR: Final = "SLURMDDP_FAILURE_FILE"  # every rank that fails: one line each
+# The local emulation's restart counter, written by rank 0 when it asks submitit for a requeue.
+LOCAL_RESTART_FILE_VAR: Final = "SLURMDDP_LOCAL_RESTART_FILE"
+
+# (variable, file name) of each file the batch script creates the variable for.
+STATE_FILES: Final = (
+    (REQUEUE_FILE_VAR, "requeue"),
+    (DONE_FILE_VAR, "done"),
+    (ASKED_FILE_VAR, "asked"),
+    (STOP_FILE_VAR, "stop"),
+    (FAILURE_FILE_VAR, "failures"),
+)
+
+# -- exit statuses ------------------------------------------------------------------------------
+
+SUCCESS: Final = 0
+INTERNAL_ERROR: Final = 1  # something unexpected (the message names the exception)
+USAGE_ERROR: Final = 2  # bad input: one line says what and what to do
+# Stopped for good without finishing (no requeue left, or nothing requeues it): EX_TEMPFAIL,
+# "try again later", which is what submitting again from the checkpoint does.
+NOT_REQUEUED_STATUS: Final = 75
+# submitit's LocalExecutor starts the tasks again when one exits with this status.
+LOCAL_REQUEUE_STATUS: Final = 144
+
+# -- the stop protocol's defaults ---------------------------------------------------------------
+
+DEFAULT_SIGNAL: Final = "USR2"
+DEFAULT_SIGNAL_LEAD_S: Final = 120
+DEFAULT_MAX_REQUEUES: Final = 3
+# A signal srun gets in its first moments kills it or is dropped (docs/slurm-behaviour.md, Q6):
+# the batch shell passes the stop signal on no sooner than this many seconds after starting srun.
+SRUN_SETTLE_S: Final = 2
+
+# -- the decision the batch shell asks for after its step (slurmddp.preemption.decision) -------
+
+DECISION_MODULE: Final = "slurmddp.preemption.decision"  # run as python -m, prints a verdict
+# What the shell does with the verdict ``ACTION STATUS TARGET``: end with STATUS (done: the work
+# is finished; finished: the same, and the done marker is left for a later requeue to find),
+# requeue TARGET, stop (final: and tell Slurm not to requeue it), or fail (and explain why).
+ACTIONS: Final = ("done", "finished", "requeue", "stop", "final", "fail")
+
+
+def template_names() -> MappingProxyType[str, object]:
+    """Every name above, for templates: ``{{ p.DONE_FILE_VAR }}`` renders SLURMDDP_DONE_FILE."""
+    return MappingProxyType({k: v for k, v in globals().items() if k.isupper()})

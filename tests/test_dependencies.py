@@ -1,0 +1,177 @@
+"""The private APIs of dependencies that slurmddp relies on, pinned: a release that changes one
+fails here, saying which, before a job does.
+
+- submitit: ``_submit_command`` and ``_make_submission_file_text`` submit our own batch script
+  (slurmddp.batch.submission; submitit has no public way to). pyproject.toml bounds submitit.
+- torch: ``torch.distributed.rendezvous._rendezvous_handlers`` lets the runner bound a script's
+  own ``init_process_group()`` (slurmddp.rank.startup.patch); ``slurmddp.init`` takes the public
+  route, a ``slurmddp://`` scheme registered with ``register_rendezvous_handler``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+import submitit
+
+from slurmddp.batch import jobs, submission
+from slurmddp.batch.jobspec import build_spec
+from slurmddp.rank import startup
+from tests.conftest import launcher_free_env
+
+# --- submitit ----------------------------------------------------------------------------------
+
+
+def parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "expected"),
+    [(submitit.SlurmExecutor, "_submit_command", ["self", "command"]),
+     (submitit.SlurmExecutor, "_make_submission_file_text", ["self", "command", "uid"]),
+     (submitit.LocalExecutor, "_submit_command", ["self", "command"])],
+)  # fmt: skip
+def test_submitits_private_methods_take_what_we_pass(owner, name, expected):
+    method = getattr(owner, name, None)
+    assert method is not None, f"submitit {submitit.__version__}: {owner.__name__}.{name} is gone"
+    assert parameters(method) == expected, (
+        f"submitit {submitit.__version__}: {owner.__name__}.{name}{inspect.signature(method)} "
+        f"changed; slurmddp.batch.submission calls it as {name}({', '.join(expected[1:])})"
+    )
+
+
+def test_submitit_sbatches_our_script_and_hands_back_its_job(tmp_path, monkeypatch):
+    # A stand-in sbatch keeps the script it was given and answers as sbatch does.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/bash\ncp "$1" {tmp_path}/submitted.sh\n'
+                      'echo "Submitted batch job 4242"\n')  # fmt: skip
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    spec = build_spec(["train.py"], output_dir=str(tmp_path / "out"), nodes=2,
+                      ntasks_per_node=3)  # fmt: skip
+    (tmp_path / "out").mkdir()  # as submission.submit does first
+    executor = submission._TemplateExecutor(spec, "#!/bin/bash\necho ours\n")
+    job = executor._submit_command("")
+    assert (tmp_path / "submitted.sh").read_text() == "#!/bin/bash\necho ours\n", (
+        f"submitit {submitit.__version__} no longer writes _make_submission_file_text's script")
+    assert isinstance(job, submitit.SlurmJob) and job.job_id == "4242"
+    assert job.num_tasks == 6  # its log paths per task, from update_parameters
+    assert Path(job.paths.folder) == tmp_path / "out"
+
+
+def test_submitits_local_controller_runs_our_command(tmp_path):
+    executor = submitit.LocalExecutor(folder=str(tmp_path))
+    executor.update_parameters(tasks_per_node=2, timeout_min=1)
+    job = executor._submit_command(f"{sys.executable} -c \"print('ran')\"")
+    assert isinstance(job, submitit.LocalJob) and job.num_tasks == 2
+    deadline = time.monotonic() + 60
+    while jobs._alive(int(job.job_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for rank in range(2):  # the layout jobs.LOCAL_LOG_PATTERN names
+        log = Path(jobs.LOCAL_LOG_PATTERN.format(folder=tmp_path, job_id=job.job_id, rank=rank))
+        assert "ran" in log.read_text(), f"submitit {submitit.__version__}: {log} lacks the output"
+
+
+# --- torch -------------------------------------------------------------------------------------
+
+
+def rendezvous_module():
+    import torch.distributed  # noqa: F401  (loads the rendezvous module)
+
+    return sys.modules["torch.distributed.rendezvous"]
+
+
+def test_torch_refuses_to_register_a_scheme_twice():
+    # Why the runner cannot replace env:// publicly; if this fails, `startup.patch` could.
+    module = rendezvous_module()
+    with pytest.raises(RuntimeError, match="already registered"):
+        module.register_rendezvous_handler("env", lambda url, **kwargs: iter(()))
+
+
+def test_torchs_rendezvous_reads_the_private_handlers_at_call_time(monkeypatch):
+    module = rendezvous_module()
+    handlers = getattr(module, "_rendezvous_handlers", None)
+    assert isinstance(handlers, dict) and "env" in handlers, (
+        "torch.distributed.rendezvous._rendezvous_handlers['env'] is gone: the runner can no "
+        "longer bound a script's own init_process_group() (slurmddp.rank.startup.patch)")
+    called: list[str] = []
+
+    def handler(url: str, **kwargs):
+        called.append(url)
+        yield "store", 0, 1
+
+    monkeypatch.setitem(handlers, "env", handler)
+    assert next(module.rendezvous("env://", 0, 1)) == ("store", 0, 1)
+    assert called and called[0].startswith("env:")
+
+
+def test_patch_without_the_private_handlers_keeps_torchs_own_and_says_so(capsys):
+    assert startup.patch(types.ModuleType("torch.distributed.rendezvous")) is False
+    err = capsys.readouterr().err
+    assert err.startswith("slurmddp: this torch has no torch.distributed.rendezvous."
+                          "_rendezvous_handlers['env']"), err  # fmt: skip
+    assert "(slurmddp.init() is bounded)" in err
+
+
+def test_patch_replaces_env_once(monkeypatch):
+    original = object()
+    module = types.SimpleNamespace(_rendezvous_handlers={"env": original})
+    monkeypatch.setattr(startup, "_torch_env_handler", None)
+    assert startup.patch(module) is True  # type: ignore[arg-type]
+    patched = module._rendezvous_handlers["env"]
+    assert patched is not original and startup._torch_env_handler is original
+    assert startup.patch(module) is True  # type: ignore[arg-type]
+    assert module._rendezvous_handlers["env"] is patched
+
+
+def test_the_scheme_leaves_what_env_would_refuse_to_torchs_own(monkeypatch):
+    # No RANK: torch's env:// error, reached through its public rendezvous().
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(startup, "_torch_env_handler", None)
+    from torch.distributed.rendezvous import rendezvous
+
+    with pytest.raises(ValueError, match="environment variable RANK expected, but not set"):
+        next(rendezvous(startup.register(), -1, -1, timeout=datetime.timedelta(seconds=5)))
+
+
+def test_the_scheme_goes_to_torchs_env_handler_not_through_a_patched_env(monkeypatch):
+    # Under the runner env:// is ours: through it, the rendezvous would join twice.
+    seen: list[str] = []
+
+    def torchs(url: str, **kwargs):
+        seen.append(url)
+        raise LookupError("torch's own")
+        yield
+
+    monkeypatch.setattr(startup, "_torch_env_handler", torchs)
+    with pytest.raises(LookupError):
+        startup._torch_env("slurmddp:?rank=0&world_size=2", datetime.timedelta(seconds=1), {})
+    assert seen == ["env:?rank=0&world_size=2"]
+
+
+def test_init_takes_the_public_route_and_leaves_env_alone():
+    code = """
+        import json, sys, slurmddp, torch.distributed as td
+        slurmddp.init("gloo", timeout=30)
+        handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+        print(json.dumps({"scheme": "slurmddp" in handlers, "world": td.get_world_size(),
+                          "env_patched": hasattr(handlers["env"], "_slurmddp_startup")}))
+        td.destroy_process_group()
+        """
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=120, env=launcher_free_env())  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"scheme": True, "world": 1, "env_patched": False}
