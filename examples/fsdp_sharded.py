@@ -9,8 +9,11 @@ too (this script does, without a GPU), which is slow but makes the pattern testa
 
 The checkpoint is sharded the same way: `Checkpointer(dir, sharded=True)` has every rank write
 its own shards through torch.distributed.checkpoint (DCP), and `load_latest(into=state)` loads
-each rank's shards in place, at the same or another world size. `get_state_dict` and
-`set_state_dict` translate between the sharded model and optimizer and those state dicts.
+each rank's shards in place, at the same or another world size. With `async_save=True` a save
+returns once each rank has copied its shards to CPU memory, and DCP writes them while training
+goes on (`--save-every N` saves so every N steps); `requeue()` waits for the write.
+`get_state_dict` and `set_state_dict` translate between the sharded model and optimizer and
+those state dicts.
 On the stop signal the ranks save together and requeue, as in ddp_sampler_eval.py; the
 resumed run ends with the same parameters as one that was never interrupted.
 Rank 0 ends with one line ``RESULT {...}`` (JSON) with a digest of the full parameters.
@@ -43,6 +46,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--checkpoint-dir", default="checkpoints/fsdp_sharded")
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: never)")
     p.add_argument("--step-time", type=float, default=0.0, help="pretend each step is slower")
     args = p.parse_args()
 
@@ -60,7 +64,7 @@ def main() -> None:
             fully_shard(layer, mesh=mesh)  # each layer gathers its weights just in time...
     fully_shard(model, mesh=mesh)  # ...and the root takes whatever is left
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # created after sharding
-    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2, sharded=True)
+    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2, sharded=True, async_save=True)
 
     step = 0
     # Only when there is something to load: get_state_dict gives a fresh optimizer its state by
@@ -86,12 +90,14 @@ def main() -> None:
         time.sleep(args.step_time)
         if rank == 0 and step % args.log_every == 0:
             print(f"step {step} loss {loss.item():.5f}", flush=True)
-        if step < args.steps and slurmddp.should_stop():
+        stop = step < args.steps and slurmddp.should_stop()
+        if stop or (args.save_every and step % args.save_every == 0):
             model_sd, optim_sd = get_state_dict(model, optimizer)  # DTensors: this rank's shards
-            ckpt.save(step, {"model": model_sd, "optim": optim_sd})
+            ckpt.save(step, {"model": model_sd, "optim": optim_sd})  # returns once copied
+        if stop:
             if rank == 0:
                 print(f"stopped at step {step}", flush=True)
-            slurmddp.requeue()
+            slurmddp.requeue()  # waits until the checkpoint is published
     slurmddp.mark_done()
 
     # full_tensor() gathers a parameter from all ranks: a collective, so every rank calls it.
@@ -102,6 +108,7 @@ def main() -> None:
                   "parameters": flat.numel(), "parameters_on_rank0": local,
                   "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
+    ckpt.wait()  # an asynchronous sharded save needs the process group until it is written
     dist.barrier()
     dist.destroy_process_group()
 

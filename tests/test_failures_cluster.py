@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.batch.test_submit_cluster import slurmddp, submitted
 from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json, wait_until
-from tests.test_submit_cluster import slurmddp, submitted
 
 pytestmark = pytest.mark.cluster
 

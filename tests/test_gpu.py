@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.checkpoint.test_checkpoint import free_port
 from tests.conftest import ROOT, launcher_free_env
-from tests.test_checkpoint import free_port
 
 pytestmark = [
     pytest.mark.gpu,
@@ -184,6 +184,48 @@ def test_a_sharded_fsdp2_checkpoint_on_the_gpu_comes_back(tmp_path):
         tmp_path,
     )
     assert out == {"step": 1, "params": True, "moments": True, "device": "cuda:0",
+                   "files": [".metadata", "__0_0.distcp", "manifest.json"]}  # fmt: skip
+
+
+def test_an_asynchronous_sharded_fsdp2_checkpoint_on_the_gpu_comes_back(tmp_path):
+    # The training's group is NCCL; DCP's background collectives run on the Checkpointer's own
+    # gloo group, and each rank's shards are copied to CPU memory before save returns.
+    out = run_rank(
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from slurmddp.checkpoint import Checkpointer, wait_for_saves
+        torch.manual_seed(0)
+        mesh = init_device_mesh("cuda", (1,))
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 8)).cuda()
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        def step():
+            opt.zero_grad()
+            model(torch.randn(16, 64, device="cuda")).square().mean().backward()
+            opt.step()
+        step()
+        f = Checkpointer(D + "/fsdp", sharded=True, async_save=True)
+        msd, osd = get_state_dict(model, opt)
+        f.save(1, {"model": msd, "optim": osd})
+        want = [p.full_tensor().clone() for p in model.parameters()]
+        step(); step()  # while the save may still be in flight: it holds its own copy
+        wait_for_saves()
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        loaded = f.load_latest(into=state)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        got = [p.full_tensor() for p in model.parameters()]
+        out.update(step=loaded.step, params=all(torch.equal(a, b) for a, b in zip(want, got)),
+                   device=str(got[0].device), files=sorted(os.listdir(loaded.path)))
+        """,
+        tmp_path,
+    )
+    assert out == {"step": 1, "params": True, "device": "cuda:0",
                    "files": [".metadata", "__0_0.distcp", "manifest.json"]}  # fmt: skip
 
 

@@ -13,8 +13,8 @@ from slurmddp import errors, protocol
 from slurmddp.batch import templating
 from slurmddp.batch.sbatch import DEFAULT_TEMPLATE, context
 from slurmddp.preemption import api, decision, signals
+from tests.batch.test_sbatch import CASES
 from tests.conftest import ROOT
-from tests.test_sbatch import CASES
 
 TEMPLATE = ROOT / "templates" / DEFAULT_TEMPLATE
 PACKAGE = ROOT / "slurmddp"

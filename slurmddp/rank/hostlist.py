@@ -1,7 +1,7 @@
 """Slurm hostlist expressions (``gpu[001-004],login1``) without calling ``scontrol``.
 
 `expand` matches ``scontrol show hostnames`` and `compress` matches ``scontrol show hostlist``
-(Slurm 22.05), both checked by tests/test_hostlist_cluster.py. Where Slurm silently repairs or
+(Slurm 22.05), both checked by tests/rank/test_hostlist_cluster.py. Where Slurm silently repairs or
 misreads malformed input, these functions raise `HostlistError` (a ValueError) instead.
 """
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from slurmddp.checkpoint import CheckpointError
+from slurmddp import dist
+from slurmddp.errors import CheckpointError
 
 
 def capture(
@@ -122,7 +123,7 @@ def restore(
     if rng and "rng" in state:
         saved = state["rng"]
         if isinstance(saved, list):  # one per rank
-            rank = _rank()
+            rank = dist.rank()
             saved = saved[rank] if rank < len(saved) else saved[0]
         restore_rng(saved)
     counters = {k: state.get(k, 0) for k in ("step", "epoch", "position")}
@@ -239,7 +240,7 @@ def prime_ddp(ddp: Any, *inputs: Any, **kwargs: Any) -> None:
     try:
         out = ddp(*inputs, **kwargs)
         leaves = [t for t in _tensors(out) if t.requires_grad]
-        sum(t.float().sum() for t in leaves).backward()
+        torch.stack([t.float().sum() for t in leaves]).sum().backward()
     finally:
         ddp.train(training)
         for p in ddp.parameters():
@@ -298,31 +299,17 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def _group_size() -> int:
-    import torch.distributed as td
-
-    return td.get_world_size() if td.is_available() and td.is_initialized() else 1
-
-
-def _rank() -> int:
-    import torch.distributed as td
-
-    return td.get_rank() if td.is_available() and td.is_initialized() else 0
-
-
 def _gather(local: dict) -> dict | list[dict]:
     """Every rank's `local` (one all_gather of their serialized bytes), or `local` alone."""
-    world = _group_size()
+    world = dist.group_size()
     if world == 1:
         return local
     import io
 
-    import torch.distributed as td
-
+    td = dist.group()
     buf = io.BytesIO()
     torch.save(local, buf)
-    nccl = td.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    device = dist.collective_device()
     data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(device)
     size = torch.tensor([data.numel()], device=device)
     sizes = [torch.empty_like(size) for _ in range(world)]
@@ -332,8 +319,9 @@ def _gather(local: dict) -> dict | list[dict]:
     padded[: data.numel()] = data
     gathered = [torch.empty_like(padded) for _ in range(world)]
     td.all_gather(gathered, padded)
+    # bytes from the list of values: numpy is optional (a few KiB of RNG state per rank).
     return [
-        torch.load(io.BytesIO(t[: int(n)].cpu().numpy().tobytes()), weights_only=True)
+        torch.load(io.BytesIO(bytes(t[: int(n)].cpu().tolist())), weights_only=True)
         for t, n in zip(gathered, sizes, strict=True)
     ]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from slurmddp.rank.hostlist import compress, expand
-from tests.test_hostlist import COMPRESS_CASES, EXPAND_CASES, MALFORMED, host_lists, nodelists
+from tests.rank.test_hostlist import COMPRESS_CASES, EXPAND_CASES, MALFORMED, host_lists, nodelists
 
 pytestmark = pytest.mark.cluster
 

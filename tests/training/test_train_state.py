@@ -17,7 +17,7 @@ from slurmddp.checkpoint import CheckpointError, _check_state
 from slurmddp.training import train_state
 from slurmddp.training.sampler import ResumableDistributedSampler
 from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
-from tests.test_process_group import free_port
+from tests.rank.test_process_group import free_port
 
 
 def components():
@@ -189,9 +189,12 @@ def test_resumed_in_a_fresh_process_the_run_ends_bitwise_equal(tmp_path):
     assert train("resume-without-rng", tmp_path, 13, 27) != full
 
 
-def test_every_rank_gets_its_own_generators_back(tmp_path):
-    from tests.test_checkpoint import run_ranks
+@pytest.mark.parametrize("numpy", [True, False], ids=["with numpy", "without numpy"])
+def test_every_rank_gets_its_own_generators_back(tmp_path, numpy):
+    from tests.checkpoint.test_checkpoint import PRELUDE, run_ranks
 
+    # numpy is optional: without it the gathered RNG states still come back.
+    hide_numpy = "" if numpy else "import sys; sys.modules['numpy'] = None\n"
     results = run_ranks(
         """
         from slurmddp.training import train_state
@@ -201,10 +204,12 @@ def test_every_rank_gets_its_own_generators_back(tmp_path):
         first = torch.rand(3).tolist()
         torch.manual_seed(0)
         train_state.restore(c.load_latest().state)
-        out = {"first": first, "again": torch.rand(3).tolist()}
+        rngs = c.load_latest().state["rng"]
+        out = {"first": first, "again": torch.rand(3).tolist(), "numpy": "numpy" in rngs[1]}
         """,
-        tmp_path,
-    )
+        tmp_path, prelude=hide_numpy + PRELUDE,
+    )  # fmt: skip
+    assert [r["numpy"] for r in results] == [numpy, numpy]
     assert [r["first"] == r["again"] for r in results] == [True, True]
     assert results[0]["first"] != results[1]["first"]
 

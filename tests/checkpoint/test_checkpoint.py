@@ -27,8 +27,17 @@ import numpy as np
 import pytest
 import torch
 
-from slurmddp import checkpoint
-from slurmddp.checkpoint import Checkpoint, Checkpointer, CheckpointError, wait_for_saves
+from slurmddp.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointError,
+    crc32,
+    layout,
+    wait_for_saves,
+    writers,
+)
+from slurmddp.checkpoint import dcp as safe_dcp
+from slurmddp.checkpoint import manifest as manifests
 from tests.conftest import launcher_free_env
 
 
@@ -117,13 +126,13 @@ def test_fresh_start_is_none(tmp_path):
 
 def test_keep_prunes_the_oldest_only_after_the_new_one_is_published(tmp_path, monkeypatch):
     seen = []
-    real = checkpoint._write_pointer
+    real = layout.write_pointer
 
     def spy(directory, name):
         seen.append((name, entries(directory)))
         real(directory, name)
 
-    monkeypatch.setattr(checkpoint, "_write_pointer", spy)
+    monkeypatch.setattr(layout, "write_pointer", spy)
     ckpt = save_steps(tmp_path, range(1, 6), keep=2)
     assert entries(tmp_path) == ["latest", "step-00000004", "step-00000005"]
     # When the pointer moved to step 5, step 3 (beyond keep) still existed.
@@ -191,11 +200,12 @@ class Opaque:
         ("3", {}, "checkpoint step must be an integer >= 0, not '3'"),
         (1, [torch.ones(1)], "checkpoint state must be a mapping (a dict of tensors and plain "
                              "values), not list"),
-        (1, {"m": {"x": Opaque()}}, "state['m']['x'] has type tests.test_checkpoint.Opaque, "),
+        (1, {"m": {"x": Opaque()}},
+         "state['m']['x'] has type tests.checkpoint.test_checkpoint.Opaque, "),
         (1, {"a": np.zeros(2)}, "state['a'] has type numpy.ndarray, "),
         (1, {"d": collections.defaultdict(int)}, "state['d'] has type collections.defaultdict"),
         (1, {"l": [1, (2, lambda: 0)]}, "state['l'][1][1] has type function, "),
-        (1, {Opaque(): 1}, "a key of state has type tests.test_checkpoint.Opaque, "),
+        (1, {Opaque(): 1}, "a key of state has type tests.checkpoint.test_checkpoint.Opaque, "),
     ],
 )  # fmt: skip
 def test_save_refuses_bad_input_before_writing(tmp_path, step, state, message):
@@ -209,11 +219,9 @@ def test_save_refuses_bad_input_before_writing(tmp_path, step, state, message):
     assert not directory.exists()
 
 
-def test_keep_and_mode_arguments_are_checked(tmp_path):
+def test_keep_is_checked(tmp_path):
     with pytest.raises(ValueError, match="keep must be a positive integer, not 0"):
         Checkpointer(tmp_path, keep=0)
-    with pytest.raises(CheckpointError, match="asynchronous sharded checkpoints are not"):
-        Checkpointer(tmp_path, sharded=True, async_save=True)
 
 
 # -- failures while saving keep the previous checkpoint ----------------------------------------
@@ -238,7 +246,7 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where):
 
         monkeypatch.setattr(os, "write", write)
     elif where == "state":
-        monkeypatch.setattr(checkpoint, "_write_state", enospc)
+        monkeypatch.setattr(writers, "write_state", enospc)
     else:
         monkeypatch.setattr(os, "replace", enospc)  # the pointer's rename
     with pytest.raises(CheckpointError) as info:
@@ -313,8 +321,8 @@ def test_a_newer_manifest_format_is_skipped(tmp_path, capsys):
 def test_a_large_state_is_checksummed_while_written_and_flushed_early(tmp_path, monkeypatch):
     # Small thresholds: the 6 MiB of tensors take the crc32 in parts, combined, and background
     # fdatasyncs.
-    monkeypatch.setattr(checkpoint, "_PARALLEL_CRC", 1 << 16)
-    monkeypatch.setattr(checkpoint, "_FLUSH_EVERY", 1 << 20)
+    monkeypatch.setattr(writers, "PARALLEL_CRC", 1 << 16)
+    monkeypatch.setattr(writers, "FLUSH_EVERY", 1 << 20)
     synced = []
     real_fdatasync = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd) or real_fdatasync(fd))
@@ -333,11 +341,11 @@ def test_crc32_combine_matches_zlib():
     rng = random.Random(7)
     for _ in range(100):
         a, b = rng.randbytes(rng.randrange(0, 3000)), rng.randbytes(rng.randrange(0, 3000))
-        whole = checkpoint._crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b))
+        whole = crc32.combine(zlib.crc32(a), zlib.crc32(b), len(b))
         assert whole == zlib.crc32(a + b)
-    assert checkpoint._crc32_combine(0x12345678, 0, 0) == 0x12345678  # B empty
+    assert crc32.combine(0x12345678, 0, 0) == 0x12345678  # B empty
     # Lengths of 512 MiB and more wrap around the table: (A+B)+C must equal A+(B+C).
-    combine = checkpoint._crc32_combine
+    combine = crc32.combine
     for _ in range(20):
         c1, c2, c3 = (rng.getrandbits(32) for _ in range(3))
         l2, l3 = rng.randrange(1 << 29, 1 << 42), rng.randrange(1 << 29, 1 << 42)
@@ -346,7 +354,7 @@ def test_crc32_combine_matches_zlib():
 
 def test_a_failed_background_flush_fails_the_save(tmp_path, monkeypatch):
     ckpt = save_steps(tmp_path, [1])
-    monkeypatch.setattr(checkpoint, "_FLUSH_EVERY", 1 << 20)
+    monkeypatch.setattr(writers, "FLUSH_EVERY", 1 << 20)
 
     def eio(fd):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
@@ -471,7 +479,7 @@ def test_loading_a_sharded_checkpoint_as_replicated_says_so(tmp_path):
 def verify_pointer(directory: Path) -> int:
     """The step `latest` names, after checking that checkpoint file by file."""
     name = pointer(directory)
-    manifest, problem = checkpoint._verify(directory / name, True, sharded=False)
+    manifest, problem = manifests.verify(directory / name, True, sharded=False)
     assert problem is None, (name, problem)
     return manifest["step"]
 
@@ -610,13 +618,13 @@ def test_killed_before_each_filesystem_change_of_a_save(tmp_path, monkeypatch, s
 
 def test_async_save_returns_before_the_write_and_snapshots_the_state(tmp_path, monkeypatch):
     gate = threading.Event()
-    real = checkpoint._write_state
+    real = writers.write_state
 
     def slow(path, state):
         assert gate.wait(10)
         return real(path, state)
 
-    monkeypatch.setattr(checkpoint, "_write_state", slow)
+    monkeypatch.setattr(writers, "write_state", slow)
     ckpt = Checkpointer(tmp_path, async_save=True)
     weights = torch.zeros(4)
     ckpt.save(1, {"w": weights, "l": [weights]})
@@ -645,7 +653,7 @@ def test_async_error_is_raised_once_by_the_next_call(tmp_path, monkeypatch, surf
     ckpt = Checkpointer(tmp_path, async_save=True)
     ckpt.save(1, state_at(1))
     ckpt.wait()
-    monkeypatch.setattr(checkpoint, "_write_state", enospc)
+    monkeypatch.setattr(writers, "write_state", enospc)
     ckpt.save(2, state_at(2))  # fails in the background
     with pytest.raises(CheckpointError, match=r"cannot save checkpoint step 2 .*No space left"):
         if surfaced_by == "wait":
@@ -693,7 +701,7 @@ def test_sharded_checkpoints_refuse_crafted_pickles(tmp_path):
     with pytest.raises(CheckpointError, match=r"\.metadata holds something other than tensors"):
         ckpt.load_latest(into={"w": torch.zeros(2)})
     with pytest.raises(pickle.UnpicklingError, match=r"global posix\.system is not allowed"):
-        checkpoint._reader_class()(path).read_metadata()  # what every rank reads it with
+        safe_dcp.reader_class()(path).read_metadata()  # what every rank reads it with
     # A crafted non-tensor item (DCP itself would load it with weights_only=False).
     path = tmp_path / "item" / "step-00000001"
     dcp.save({"w": torch.ones(2), "evil": Evil(marker)}, storage_writer=dcp.FileSystemWriter(path))
@@ -725,7 +733,8 @@ def free_port() -> int:
 
 
 def run_ranks(code: str, directory: Path, world: int = 2, prelude: str = PRELUDE,
-              **env: str) -> list[dict]:  # fmt: skip
+              status: int = 0, **env: str) -> list[dict]:  # fmt: skip
+    """Run `code` on `world` gloo ranks; the `out` dict of each (none unless `status` is 0)."""
     port = str(free_port())
     # gloo's teardown at interpreter exit can abort a rank that has finished its work ("terminate
     # called without an active exception"): leave as slurmddp.run does, with os._exit.
@@ -738,8 +747,8 @@ def run_ranks(code: str, directory: Path, world: int = 2, prelude: str = PRELUDE
                                                     CKPT_DIR=str(directory), **env))
              for r in range(world)]  # fmt: skip
     outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0] * world, outs
-    return [json.loads(o.split("RESULT ", 1)[1]) for o, _ in outs]
+    assert [p.returncode for p in procs] == [status] * world, outs
+    return [json.loads(o.split("RESULT ", 1)[1]) for o, _ in outs] if status == 0 else []
 
 
 def test_two_ranks_replicated_sync_and_async(tmp_path):
@@ -855,20 +864,21 @@ import datetime, json, os, sys, time, warnings
 import torch, torch.distributed as td
 warnings.simplefilter("ignore")
 import slurmddp
-from slurmddp import checkpoint
+from slurmddp.checkpoint import state as states
+from slurmddp.checkpoint import writers
 dist = slurmddp.init("gloo", timeout=float(os.environ.get("PG_TIMEOUT", "60")))
 rank = dist.rank
 D = os.environ["CKPT_DIR"]
 from slurmddp.checkpoint import Checkpointer
 
-def slow_on_rank_0(name, seconds):
+def slow_on_rank_0(module, name, seconds):
     # rank 0's part of a save or load takes `seconds` more, as on a slow file system
-    original = getattr(checkpoint, name)
+    original = getattr(module, name)
     def slow(*args, **kwargs):
         if rank == 0:
             time.sleep(seconds)
         return original(*args, **kwargs)
-    setattr(checkpoint, name, slow)
+    setattr(module, name, slow)
 """
 
 
@@ -878,7 +888,7 @@ def test_every_rank_loads_the_same_checkpoint_after_an_async_save(tmp_path):
         c = Checkpointer(D, async_save=True)
         c.save(100, {"w": torch.full((2,), 100.0)})
         c.wait()
-        slow_on_rank_0("_write_state", 1.0)  # step 200 is still being written...
+        slow_on_rank_0(writers, "write_state", 1.0)  # step 200 is still being written...
         c.save(200, {"w": torch.full((2,), 200.0)})
         loaded = c.load_latest()  # ...when every rank looks for the latest
         out = {"step": loaded.step, "w": loaded.state["w"].tolist()}
@@ -894,26 +904,26 @@ def test_a_save_or_load_longer_than_the_collective_timeout_completes(tmp_path, w
     # more, while rank 1 waits for it.
     code = {
         "sync": """
-            slow_on_rank_0("_write_state", 5)
+            slow_on_rank_0(writers, "write_state", 5)
             Checkpointer(D).save(1, {"w": torch.ones(2)})
             out = {"latest": Checkpointer(D).latest_step}
             """,
         "async": """
-            slow_on_rank_0("_write_state", 5)
+            slow_on_rank_0(writers, "write_state", 5)
             c = Checkpointer(D, async_save=True)
             c.save(1, {"w": torch.ones(2)})
             c.wait()
             out = {"latest": c.latest_step}
             """,
         "sharded": """
-            slow_on_rank_0("_fsync_and_hash", 2.5)  # once per file: two files or more
+            slow_on_rank_0(writers, "fsync_and_hash", 2.5)  # once per file: two files or more
             c = Checkpointer(D, sharded=True)
             c.save(1, {"w": torch.ones(2) * rank})
             out = {"latest": c.latest_step}
             """,
         "load": """
             Checkpointer(D).save(1, {"w": torch.ones(2)})
-            slow_on_rank_0("_load_state", 5)
+            slow_on_rank_0(states, "load_state", 5)
             out = {"latest": Checkpointer(D).load_latest().step}
             """,
     }[what]

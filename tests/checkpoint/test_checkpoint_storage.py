@@ -19,7 +19,8 @@ from slurmddp.checkpoint import Checkpointer, CheckpointError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
-MODES = {"sync": {}, "async": {"async_save": True}, "sharded": {"sharded": True}}
+MODES = {"sync": {}, "async": {"async_save": True}, "sharded": {"sharded": True},
+         "async sharded": {"sharded": True, "async_save": True}}  # fmt: skip
 SMALL = {"w": torch.zeros(8), "step": 1}
 BIG = {"w": torch.zeros(512 * 1024), "step": 2}  # 2 MiB: more than the whole 1 MiB tmpfs
 
@@ -46,7 +47,7 @@ def failed_save(ckpt: Checkpointer, step: int, state: dict) -> str:
 
 def latest(directory: Path, mode: str) -> int | None:
     """The step a fresh Checkpointer loads from `directory` (sharded: into a state like SMALL)."""
-    sharded = mode == "sharded"
+    sharded = MODES[mode].get("sharded", False)
     into = {"w": torch.ones(8), "step": 0} if sharded else None
     loaded = Checkpointer(directory, sharded=sharded).load_latest(into=into)
     if loaded is None:

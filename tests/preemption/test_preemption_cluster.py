@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.batch.test_submit_cluster import slurmddp, submitted
 from tests.conftest import ROOT, tagged_json, wait_until
-from tests.test_submit_cluster import slurmddp, submitted
 
 pytestmark = pytest.mark.cluster
 
@@ -241,7 +241,7 @@ def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_pat
 @pytest.mark.mpi
 def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path,
                                                          reference_digest):  # fmt: skip
-    from tests.test_submit_cluster import MPIRUN_AS_ROOT
+    from tests.batch.test_submit_cluster import MPIRUN_AS_ROOT
 
     job = Job(slurm_cluster, tmp_path, ["--launcher", "mpirun", *MPIRUN_AS_ROOT,
               *train_args(tmp_path / "ckpt", steps=300, step_time=0.05)])  # fmt: skip
@@ -259,7 +259,7 @@ def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path
 # -- what users bring: DataLoader workers, scripts that never ask, signals at any moment --------
 
 
-# Each start method under each signal once; tests/test_signals.py runs all combinations locally.
+# Each start method under each signal once; test_signals.py runs all combinations locally.
 @pytest.mark.parametrize(("variant", "start"), [("standard", "spawn"),
                                                 ("default-signal", "forkserver")])  # fmt: skip
 def test_dataloader_workers_survive_the_preemption_and_the_run_ends_bitwise(

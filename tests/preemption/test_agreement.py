@@ -13,7 +13,7 @@ import pytest
 from slurmddp import dist
 from slurmddp.preemption import agreement
 from tests.conftest import launcher_free_env
-from tests.test_process_group import free_port
+from tests.rank.test_process_group import free_port
 
 
 def test_the_agreement_tensor_lives_where_the_backend_reduces():

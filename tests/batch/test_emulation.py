@@ -10,8 +10,8 @@ import pytest
 
 from slurmddp.batch.emulation import step_environment
 from slurmddp.rank.env import resolve
+from tests.cli.test_cli_submit import slurmddp
 from tests.conftest import ROOT, tagged_json
-from tests.test_cli_submit import slurmddp
 
 
 @pytest.mark.parametrize(("nodes", "tasks"), [(1, 1), (1, 3), (2, 2), (4, 2)])
@@ -27,7 +27,7 @@ def test_every_emulated_rank_resolves_to_its_place(nodes, tasks):
     assert len({(p.master_addr, p.master_port) for p in places}) == 1
 
 
-# ---- the preemption scenario of tests/test_preemption_cluster.py, without Slurm -------------
+# ---- the preemption scenario of preemption/test_preemption_cluster.py, without Slurm ----
 
 TRAIN = str(ROOT / "examples" / "resumable_train.py")
 

@@ -2,7 +2,7 @@
 values when the script really runs, and real jobs on the local cluster.
 
 Regenerate the golden files after an intended change with
-``SLURMDDP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_sbatch.py``.
+``SLURMDDP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/batch/test_sbatch.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from slurmddp.batch.sbatch import context, render_script
 from slurmddp.batch.templating import directive_quote
 from tests.conftest import tagged_json
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE_GOLDEN = os.environ.get("SLURMDDP_UPDATE_GOLDEN") == "1"
 PYTHON = "/opt/venv/bin/python"  # fixed, so the golden files do not depend on this machine
 

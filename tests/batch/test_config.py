@@ -21,7 +21,7 @@ from slurmddp.batch.config import (
 )
 from slurmddp.batch.profiles import format_profiles, list_profiles
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(path: Path, text: str) -> Path:

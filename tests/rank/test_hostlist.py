@@ -1,8 +1,8 @@
 """slurmddp.rank.hostlist: Slurm hostlist expressions and SLURM_TASKS_PER_NODE.
 
 Every expected value below was read off Slurm 22.05's ``scontrol show hostnames`` /
-``scontrol show hostlist``; tests/test_hostlist_cluster.py re-checks the tables against the real
-tools and fuzzes with the strategies defined here.
+``scontrol show hostlist``; tests/rank/test_hostlist_cluster.py re-checks the tables against the
+real tools and fuzzes with the strategies defined here.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def test_tasks_per_node_round_trip(counts):
     assert expand_tasks_per_node(slurm_tasks_per_node(counts)) == counts
 
 
-# ---- strategies, shared with tests/test_hostlist_cluster.py ----
+# ---- strategies, shared with tests/rank/test_hostlist_cluster.py ----
 
 # Name text: letters, hyphens, dots, underscores, and digits that a letter follows.
 name_text = st.from_regex(r"[a-z][a-z._-]{0,3}([0-9]{1,2}[a-z.-]{1,2})?", fullmatch=True)

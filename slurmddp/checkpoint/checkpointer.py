@@ -1,0 +1,124 @@
+"""`Checkpointer`: the one object a training loop uses to save and resume."""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from slurmddp import dist
+from slurmddp.checkpoint import layout, loading, modes, ranks
+from slurmddp.checkpoint.loading import Checkpoint
+from slurmddp.checkpoint.state import check_state, check_step
+from slurmddp.errors import CheckpointError
+
+
+class Checkpointer:
+    """Save and load training state under `directory`, keeping the newest `keep` checkpoints.
+
+    Replicated mode (default): every rank calls `save` with the same state, rank 0 alone writes
+    it, and every rank returns once the checkpoint is complete and `latest` names it. Sharded mode
+    (``sharded=True``): every rank saves its own part through torch.distributed.checkpoint (DCP)
+    and `load_latest(into=...)` loads each rank's part in place; leaves may be tensors, DTensors
+    and plain values (DCP stores those pickled; they are loaded with weights_only=True). Without
+    an initialised process group the process is a world of one.
+
+    ``async_save=True``, in either mode: `save` checks the state, copies its tensors to CPU memory
+    of its own (so training may change the model as soon as it returns) and returns; the copy is
+    written and published in the background (replicated: by rank 0, with no collective; sharded:
+    by every rank through DCP's async_save, then rank 0 publishes). The ranks learn whether it
+    succeeded, and its error is raised (once, on every rank), at the start of the next `save`, or
+    in `wait()` / `wait_for_saves()` / `load_latest()`; those are then collective: with a process
+    group every rank must call them, as every rank calls `save`. Until then `latest` names the
+    previous checkpoint; a crash loses only the one being written. A sharded save in flight
+    needs the process group (DCP's thread exchanges its plan and results): `wait()` before
+    ``destroy_process_group()``. At exit, saves in flight are finished before the process ends.
+
+    GPU tensors of a replicated state are copied out through pinned CPU buffers that the
+    Checkpointer keeps for its next saves (as much pinned memory as the GPU tensors of the state).
+
+    Old checkpoints are removed in a background thread once the new one is published; the next
+    save waits for that before it writes, and `wait()` waits for it too.
+
+    ``verify=True`` checks the size and checksum of every file against the manifest before
+    loading.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep: int = 3,
+        *,
+        sharded: bool = False,
+        async_save: bool = False,
+        verify: bool = True,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be a positive integer, not {keep!r}")
+        self.directory = Path(directory).expanduser().absolute()
+        self.keep = keep
+        self.sharded = sharded
+        self.async_save = async_save
+        self.verify = verify
+        self._mode = modes.choose(layout.Directory(self.directory, keep), sharded=sharded,
+                                  async_save=async_save)  # fmt: skip
+
+    def save(self, step: int, state: Mapping[str, Any]) -> None:
+        """Write `state` as checkpoint `step` and point `latest` at it; collective.
+
+        Raises CheckpointError on every rank, before anything is written, for a negative step, a
+        state that is not a mapping or one holding objects ``torch.load(weights_only=True)``
+        would refuse; and when the write fails (the previous checkpoint then stays the latest).
+        In async mode it first waits for the previous save and re-raises its error.
+        """
+        self._mode.settle()
+        refusal = check_step(step)
+        if refusal is None:
+            step = operator.index(step)
+            refusal = check_state(state, sharded=self.sharded)
+        if not ranks.agree(refusal is None):
+            raise CheckpointError(
+                refusal or f"checkpoint step {step} was refused on another rank: see its error"
+            )
+        self._mode.save(step, state if isinstance(state, dict) else dict(state))
+
+    def wait(self) -> None:
+        """Block until this Checkpointer's async save in flight (if any) is published, and old
+        checkpoints it replaced are removed.
+
+        Re-raises that save's error. With a process group and a save pending it is collective:
+        each rank finishes its part of the write, then all ranks agree on the outcome.
+        """
+        self._mode.wait()
+
+    @property
+    def latest_step(self) -> int | None:
+        """The step that `latest` names on disk now; None without a pointer or checkpoint."""
+        name = layout.read_pointer(self.directory)
+        if name is None or not (self.directory / name).is_dir():
+            return None
+        return layout.step_of(name)
+
+    def load_latest(self, into: dict | None = None, map_location: Any = "cpu") -> Checkpoint | None:
+        """Load the checkpoint `latest` names, falling back to older ones; None on a fresh start.
+
+        A checkpoint that is missing, truncated or corrupt is reported in one line on stderr and
+        the next newest (by step) is tried. Raises CheckpointError when checkpoints exist but
+        none is valid, or when a file holds anything but tensors and plain containers.
+        With a process group it is collective (every rank calls it, as every rank calls `save`):
+        an async save in flight is settled first, rank 0 chooses the checkpoint and every rank
+        loads that one, so no rank resumes from another step than the others.
+        Replicated: `into`, if given, is updated with the loaded state and returned as the
+        state. Sharded: `into` is required (this rank's state dict, e.g. from get_state_dict)
+        and is loaded in place.
+        """
+        if dist.group() is None:
+            self._mode.join_local()  # our own async save is on disk before we look; its error stays
+        else:
+            self._mode.settle()
+        if self.sharded:
+            return loading.load_sharded(self.directory, verify=self.verify, into=into)
+        return loading.load_replicated(self.directory, verify=self.verify, into=into,
+                                       map_location=map_location)  # fmt: skip
