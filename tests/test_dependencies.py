@@ -6,6 +6,9 @@ fails here, saying which, before a job does.
 - torch: ``torch.distributed.rendezvous._rendezvous_handlers`` lets the runner bound a script's
   own ``init_process_group()`` (slurmddp.rank.startup.patch); ``slurmddp.init`` takes the public
   route, a ``slurmddp://`` scheme registered with ``register_rendezvous_handler``.
+- torch: a DataLoader worker is recognised by its target, ``torch.utils.data._utils.worker.
+  _worker_loop`` (slurmddp.preemption.signals shields it from Slurm's TERM); torch.compile's
+  wrapper holds the module as ``_orig_mod`` (slurmddp.training.train_state.unwrap).
 """
 
 from __future__ import annotations
@@ -175,3 +178,42 @@ def test_init_takes_the_public_route_and_leaves_env_alone():
                        text=True, timeout=120, env=launcher_free_env())  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"scheme": True, "world": 1, "env_patched": False}
+
+
+def test_a_dataloader_worker_is_recognised_by_the_function_its_process_runs(monkeypatch):
+    import multiprocessing.process
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from slurmddp.preemption import signals
+
+    targets = []
+
+    def record(self):
+        targets.append(self._target)
+        raise RuntimeError("recorded")  # the worker need not start
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", record)
+    loader = DataLoader(torch.arange(4), num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(RuntimeError, match="recorded"):
+        next(iter(loader))
+    assert targets, "DataLoader started no worker process"
+    assert signals._is_dataloader_worker(targets[0]), (
+        f"torch's DataLoader worker now runs {targets[0]!r}, not torch.utils.data._utils.worker."
+        "_worker_loop: update slurmddp.preemption.signals._WORKER_LOOP"
+    )
+
+
+def test_torch_compile_keeps_the_module_as_orig_mod():
+    import torch
+
+    from slurmddp.training.train_state import unwrap
+
+    model = torch.nn.Linear(2, 2)
+    compiled = torch.compile(model)  # nothing is compiled until it is called
+    assert getattr(compiled, "_orig_mod", None) is model, (
+        "torch.compile's wrapper no longer holds the module as _orig_mod: update "
+        "slurmddp.training.train_state.unwrap"
+    )
+    assert unwrap(compiled) is model

@@ -156,6 +156,9 @@ def _unblocked(sig: signal.Signals) -> None:
 
 # -- children started through multiprocessing ---------------------------------------------------
 
+# A private name of torch: a DataLoader worker is known only by the function its process runs (no
+# public marker exists). If torch renames it, workers are simply not shielded (Slurm's TERM ends
+# them, as without slurmddp); tests/test_dependencies.py fails first and names it.
 _WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
 _original_start = multiprocessing.process.BaseProcess.start
 

@@ -180,6 +180,8 @@ def unwrap(model: Any) -> Any:
         if isinstance(model, DistributedDataParallel | DataParallel):
             model = model.module
         elif type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            # torch.compile's wrapper exposes its module only as this private attribute (pinned
+            # in tests/test_dependencies.py); without it the wrapper's own state_dict is used.
             model = model._orig_mod
         else:
             return model
