@@ -1,8 +1,11 @@
 """How a job is submitted: options → settings → `JobSpec` → batch script → job.
 
-`config` reads configuration files and cluster profiles; `jobspec` is the frozen `JobSpec`
-with its parsers and checks (pure); `templating` renders the shipped Jinja templates, quoting
-everything that reaches a shell; `sbatch` turns a `JobSpec` into the batch script;
-`submission` hands it to submitit (Slurm, or ``--local``, whose tasks `emulation` plays);
-`jobs` tracks submitted jobs: their files, states, logs, cancel and follow.
+`options` declares every ``slurmddp submit`` option once (flag, config key, type, default, help,
+check): the command line, the configuration files and `JobSpec` are all built from it. `config`
+reads configuration files and cluster profiles, with the source of every value; `profiles`
+lists them. `jobspec` is the frozen `JobSpec` with its checks (pure); `templating` renders the
+shipped Jinja templates, quoting everything that reaches a shell; `sbatch` turns a `JobSpec`
+into the batch script (the protocol's names come from `slurmddp.protocol`); `submission` hands
+it to submitit (Slurm, or ``--local``, whose tasks `emulation` plays); `jobs` tracks submitted
+jobs: their files, states, logs, cancel and follow.
 """

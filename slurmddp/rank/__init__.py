@@ -1,7 +1,8 @@
 """Where a rank is: its place in the job, worked out once from the launcher's variables.
 
 The core is pure: `env.resolve` maps an environment (Slurm's ``SLURM_*``, MPI's, torchrun's)
-to a frozen `env.DistEnv` that says where every value came from; `hostlist` expands Slurm's
+to a frozen `env.DistEnv` that says where every value came from, reading variables through
+`variables` and a Slurm step's task layout through `slurm_step`; `hostlist` expands Slurm's
 host lists without ``scontrol``; `placement` chooses backend, device and CPU threads. The
 side effects sit at the edges: `bootstrap` exports torchrun's variables, `startup` runs a
 bounded rendezvous that names who is missing, `process_group` initialises torch.distributed
