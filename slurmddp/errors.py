@@ -2,8 +2,9 @@
 
 Every entry point runs under `reported`: a `UserError` (bad options, files, environment or
 checkpoints) becomes one ``prog: error: ...`` line and exit status 2, anything unexpected one line
-naming the exception and exit status 1. ``SLURMDDP_DEBUG=1`` in the environment adds the
-traceback.
+naming the exception and exit status 1, Ctrl-C exit status 130 without a word (a command with
+something left behind, such as a followed job, says so itself). ``SLURMDDP_DEBUG=1`` in the
+environment adds the traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import NoReturn
 
 from slurmddp.protocol import DEBUG_VAR as DEBUG_VARIABLE
 from slurmddp.protocol import INTERNAL_ERROR, USAGE_ERROR
+
+# A shell's status for a command ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED = 130
 
 
 class SlurmddpError(Exception):
@@ -58,6 +62,10 @@ class HostlistError(UserError, ValueError):
 
 class SignalError(UserError, ValueError):
     """A stop signal name that is no signal, or one Slurm cannot deliver as asked."""
+
+
+class SnapshotError(UserError):
+    """The job's code cannot be snapshotted (too large, unreadable); the message says what to do."""
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -101,6 +109,11 @@ def reported(prog: str) -> Iterator[None]:
     """Exit with one line for any exception raised inside (see the module docstring)."""
     try:
         yield
+    except KeyboardInterrupt:
+        # The user's own choice, not a failure: no traceback unless asked for.
+        if debug():
+            traceback.print_exc()
+        raise SystemExit(INTERRUPTED) from None
     except UserError as e:
         fail(one_line(e), prog=prog)
     except Exception as e:

@@ -24,6 +24,8 @@ DEBUG_VAR: Final = "SLURMDDP_DEBUG"  # set (not 0): errors come with their trace
 SIGNAL_VAR: Final = "SLURMDDP_SIGNAL"  # the stop signal's name (USR2, USR1)
 SIGNAL_LEAD_VAR: Final = "SLURMDDP_SIGNAL_LEAD"  # seconds before the time limit it comes
 MAX_REQUEUES_VAR: Final = "SLURMDDP_MAX_REQUEUES"  # requeues the stop protocol may ask for
+# The job's code snapshot (slurmddp.batch.snapshot): the runner imports `-m` targets from it first.
+CODE_DIR_VAR: Final = "SLURMDDP_CODE_DIR"
 
 # -- the files through which the ranks and the batch shell talk, in <output dir>/<job id>/ -----
 

@@ -1,9 +1,10 @@
 """Jobs after submission: where their files are, their state, their logs, cancel and follow.
 
 Every submission appends one line to a small registry (``$XDG_STATE_HOME/slurmddp/jobs.jsonl``),
-so ``slurmddp status|logs|cancel JOB`` find the job's folder without asking slurmctld. Slurm
-states come from submitit's watcher: one ``sacct`` call (slurmdbd, not slurmctld) for all the jobs
-asked about, and calls back off while a job runs.
+so ``slurmddp status|logs|cancel JOB`` find the job's folder without asking slurmctld. States come
+from one ``sacct`` call (slurmdbd, not slurmctld) for all the jobs asked about; an array job's
+tasks are counted per state. Without accounting (``sacct`` fails: no slurmdbd) they come from the
+controller instead: one ``squeue`` and one ``scontrol show job`` for all jobs, never one per job.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pwd
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
+from slurmddp.errors import warn
 from slurmddp.files import make_dirs
 
 # Slurm states after which a job will not run again by itself.
@@ -86,22 +90,197 @@ def find(job_id: str, environ: Mapping[str, str] = os.environ) -> JobRecord | No
     return next((r for r in reversed(recorded(environ)) if r.job_id == job_id), None)
 
 
-def states(records: Iterable[JobRecord]) -> dict[str, str]:
-    """The current state of each job: one sacct call for all Slurm jobs."""
-    records = list(records)
-    out: dict[str, str] = {}
-    slurm = [r for r in records if r.engine == "slurm"]
-    if slurm:
-        from submitit.slurm.slurm import SlurmJob
+UNKNOWN = "UNKNOWN"
 
-        jobs: list[Any] = [SlurmJob(folder=r.folder, job_id=r.job_id) for r in slurm]
-        SlurmJob.watcher.update()  # one sacct call for every registered job
-        for job in jobs:
-            out[job.job_id] = job.watcher.get_state(job.job_id, mode="cache")
+
+@dataclasses.dataclass(frozen=True)
+class TaskState:
+    """One task of an array job."""
+
+    task: str  # "<array job>_<index>"
+    job_id: str  # its own job id, the directory of its logs ("" while it waits in the array)
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    """A job's state: one Slurm state, or for an array job its tasks' states counted."""
+
+    state: str  # "RUNNING", or "RUNNING 2, COMPLETED 1, PENDING 1" for an array
+    tasks: tuple[TaskState, ...] = ()  # an array's tasks, by index
+
+
+def states(records: Iterable[JobRecord]) -> dict[str, str]:
+    """The current state of each job (an array's as counts): see `job_states`."""
+    return {job_id: s.state for job_id, s in job_states(records).items()}
+
+
+def job_states(records: Iterable[JobRecord]) -> dict[str, JobState]:
+    """Each job's state: one sacct call for all Slurm jobs, or without accounting one squeue and
+    one scontrol call (said once per process); local jobs from their processes and exit files."""
+    records = list(records)
+    out: dict[str, JobState] = {}
+    slurm = [r.job_id for r in records if r.engine == "slurm"]
+    if slurm:
+        # Once accounting failed, this process (a follow's polls) asks the controller only.
+        rows = None if _said_controller else _sacct_rows(slurm)
+        if rows is None:
+            rows = _controller_rows()
+        tasks = _by_job(rows)
+        for job_id in slurm:
+            out[job_id] = _job_state(tasks.get(job_id, {}))
     for r in records:
         if r.engine == "local":
-            out[r.job_id] = local_state(r)
+            out[r.job_id] = JobState(local_state(r))
     return out
+
+
+def aggregate(task_states: Iterable[str]) -> str:
+    """Tasks' states counted, most frequent first: "RUNNING 2, COMPLETED 1, PENDING 1"."""
+    counts: dict[str, int] = {}
+    for state in task_states:
+        counts[state] = counts.get(state, 0) + 1
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{state} {n}" for state, n in ordered)
+
+
+_COUNTED = re.compile(r"^[A-Z_]+ \d+(, [A-Z_]+ \d+)*$")
+
+
+def is_final(state: str) -> bool:
+    """Whether the job (every task of an array) has reached a state it will not leave alone."""
+    if _COUNTED.match(state):
+        return all(part.split()[0] in FINAL_STATES for part in state.split(", "))
+    return state in FINAL_STATES
+
+
+# A row of what Slurm said: (job field, its own job id, state). The job field is "1234" for a
+# plain job, "1234_5" for an array task and "1234_[6-9%2]" for the tasks still waiting in it.
+_Row = tuple[str, str, str]
+
+# sacct's own fields: JobID as above, JobIDRaw the job's own id.
+_SACCT = ["sacct", "-X", "-n", "-P", "-o", "JobID,JobIDRaw,State"]
+
+_said_controller = False  # whether this process has said that states come from the controller
+
+
+def _sacct_rows(job_ids: list[str]) -> list[_Row] | None:
+    """sacct's rows for `job_ids` (an array's id brings all its tasks); None when accounting
+    does not answer."""
+    try:
+        done = subprocess.run([*_SACCT, "-j", ",".join(job_ids)], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _say_controller(f"sacct: {e}")
+        return None
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        _say_controller(said[0] if said else f"sacct exited with status {done.returncode}")
+        return None
+    rows = []
+    for line in done.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) >= 3 and fields[0]:
+            # "CANCELLED by 0": the state is the first word.
+            rows.append((fields[0], fields[1], (fields[2].split() or [UNKNOWN])[0]))
+    return rows
+
+
+def from_controller() -> bool:
+    """Whether states came from slurmctld in this process, accounting having failed."""
+    return _said_controller
+
+
+def _say_controller(why: str) -> None:
+    global _said_controller
+    if not _said_controller:
+        _said_controller = True
+        warn(f"no Slurm accounting here ({why}): job states come from the controller (squeue, "
+             "scontrol show job), which forgets finished jobs after MinJobAge: those show "
+             f"{UNKNOWN}")  # fmt: skip
+
+
+def _controller_rows() -> list[_Row]:
+    """What slurmctld still knows: `squeue` (this user's pending and running jobs, one line per
+    array task), then `scontrol show job` (every job in its memory, finished ones included until
+    MinJobAge). One call each; an unreachable controller gives no rows."""
+    # squeue's rows first: `_by_job` keeps a task's first row.
+    user = pwd.getpwuid(os.getuid()).pw_name
+    rows: list[_Row] = []
+    for line in _run(["squeue", "-h", "-r", "-u", user, "-o", "%i|%A|%T"]).splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            rows.append((parts[0], parts[1], parts[2]))
+    for line in _run(["scontrol", "show", "job", "-o"]).splitlines():
+        fields = _scontrol_fields(line)
+        if "JobId" not in fields or "JobState" not in fields:
+            continue  # "No jobs in the system"
+        own, array, index = fields["JobId"], fields.get("ArrayJobId"), fields.get("ArrayTaskId")
+        job = f"{array}_{index if index.isdigit() else f'[{index}]'}" if array and index else own
+        rows.append((job, own, fields["JobState"]))
+    return rows
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+# scontrol -o: "Key=Value" pairs separated by spaces; only values without spaces are read here.
+_PAIR = re.compile(r"(?:^|\s)(JobId|ArrayJobId|ArrayTaskId|JobState|ExitCode)=(\S+)")
+
+
+def _scontrol_fields(line: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for key, value in _PAIR.findall(line):
+        fields.setdefault(key, value)  # the first: a later one may be inside a free-text value
+    return fields
+
+
+def _by_job(rows: Iterable[_Row]) -> dict[str, dict[str, tuple[str, str]]]:
+    """Rows by job: {job id: {job field or task: (own job id, state)}}, waiting ranges expanded."""
+    jobs: dict[str, dict[str, tuple[str, str]]] = {}
+    for field, own, state in rows:
+        job = field.split("_")[0].split("+")[0]  # a heterogeneous job's first component speaks
+        for task in _expand(field):
+            jobs.setdefault(job, {}).setdefault(task, (own, state))
+    return jobs
+
+
+def _expand(field: str) -> list[str]:
+    """ "1234_[2-4,7%2]" → the tasks 1234_2, 1234_3, 1234_4, 1234_7; anything else as it is."""
+    job, _, index = field.partition("_")
+    if not index.startswith("["):
+        return [field]
+    tasks = []
+    for part in index.strip("[]").split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or not (last or first).isdigit():
+            return [field]
+        tasks += [f"{job}_{i}" for i in range(int(first), int(last or first) + 1)]
+    return tasks
+
+
+def _job_state(seen: dict[str, tuple[str, str]]) -> JobState:
+    if not seen:
+        return JobState(UNKNOWN)
+    if not any("_" in task for task in seen):  # a plain job
+        return JobState(next(iter(seen.values()))[1])
+
+    def index(task: str) -> tuple[int, str]:
+        i = task.rpartition("_")[2]
+        return (int(i), task) if i.isdigit() else (1 << 62, task)
+
+    tasks = tuple(
+        # A task still waiting in the array has no id of its own yet: it shows the array's.
+        TaskState(task, "" if state == "PENDING" and own == task.split("_")[0] else own, state)
+        for task, (own, state) in sorted(seen.items(), key=lambda kv: index(kv[0]))
+        if "_" in task
+    )
+    return JobState(aggregate(t.state for t in tasks), tasks)
 
 
 # What Slurm's clients say when slurmctld does not answer.
@@ -162,15 +341,23 @@ def exit_code(record: JobRecord) -> int:
 
 
 def slurm_exit_code(job_id: str) -> int:
-    """The batch job's exit status from sacct ("1:0" → 1; killed by a signal → 128+signal)."""
-    out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "ExitCode", "-j", job_id],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip().splitlines()  # fmt: skip
-    if not out or ":" not in out[-1]:
-        return 1
-    code, sig = (int(x) for x in out[-1].split(":")[:2])
-    return 128 + sig if sig else code
+    """The batch job's exit status ("1:0" → 1; killed by a signal → 128+signal), the worst of an
+    array's tasks; from sacct, else from slurmctld while it remembers the job."""
+    try:
+        done = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "ExitCode", "-j", job_id],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        said = done.stdout.split() if done.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        said = []
+    if not said:  # no accounting
+        shown = _run(["scontrol", "show", "job", "-o", job_id])
+        said = [_scontrol_fields(line).get("ExitCode", "") for line in shown.splitlines()]
+    codes = []
+    for pair in said:
+        code, _, sig = pair.partition(":")
+        if code.isdigit() and sig.isdigit():
+            codes.append(128 + int(sig) if int(sig) else int(code))
+    return max(codes, default=1)
 
 
 def follow(
@@ -180,25 +367,70 @@ def follow(
     *,
     poll_s: float = 1.0,
     max_poll_s: float = 10.0,
+    settle_s: float = 0.5,
 ) -> str:
-    """Print state changes and stream rank 0's log until the job reaches a final state.
+    """Print state changes and stream rank 0's log until the job reaches a final state; the log's
+    last lines come before the final state's line. An array job's states are its tasks' counts
+    (its tasks' logs are theirs: `slurmddp status -v` lists them).
 
-    Polls back off from `poll_s` to `max_poll_s` while nothing changes. Returns the final state.
+    Polls back off from `poll_s` to `max_poll_s` while nothing changes. Returns the final state
+    (COMPLETED for an array whose tasks all completed, else its counts). On Ctrl-C, says in one
+    line (stderr) that the job goes on, and lets KeyboardInterrupt through.
     """
     last, offset, delay = "", 0, poll_s
-    while True:
-        # sacct says "CANCELLED by 0", or nothing at all for a job it does not know yet.
-        state = (state_of().split() or ["UNKNOWN"])[0]
-        if state != last and state != "UNKNOWN":  # sacct may not know a job for a moment
-            print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
-            last, delay = state, poll_s
-        offset = _copy_new(record.log(0), offset, out)
-        if state in FINAL_STATES:
-            time.sleep(0.5)  # the last lines can land just after the state changes
-            _copy_new(record.log(0), offset, out)
-            return state
-        time.sleep(delay)
-        delay = min(delay * 1.5, max_poll_s)
+    try:
+        while True:
+            state = state_of().strip()
+            array = bool(_COUNTED.match(state))
+            if not array:
+                state = (state.split() or [UNKNOWN])[0]  # sacct may say "CANCELLED by 0"
+            final = is_final(state)
+            # sacct may not know a job for a moment after sbatch
+            if not final and state != last and state != UNKNOWN:
+                print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
+                last, delay = state, poll_s
+            if not array:
+                offset = _copy_new(record.log(0), offset, out)
+            if final:
+                if not array:
+                    _drain(record.log(0), offset, out, settle_s)
+                print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
+                if array and state.startswith("COMPLETED ") and "," not in state:
+                    return "COMPLETED"  # every task completed
+                return state
+            time.sleep(delay)
+            delay = min(delay * 1.5, max_poll_s)
+    except KeyboardInterrupt:
+        out.flush()
+        warn(_left_running(record, last))
+        raise
+
+
+def _left_running(record: JobRecord, last: str) -> str:
+    """What a Ctrl-C during follow leaves behind, in one line."""
+    j = record.job_id
+    if record.engine == "local":
+        # A --local job's processes are in the terminal's process group: its Ctrl-C reached them
+        # too, and submitit's controller takes a few seconds to end the ranks.
+        deadline = time.monotonic() + 5
+        while (last := local_state(record)) == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if last != "RUNNING":
+            return f"stopped following job {j}, which ended with it ({last})"
+    return (f"stopped following job {j}; the job goes on ({last or 'queued'}): slurmddp status "
+            f"{j}, slurmddp logs {j} -f; slurmddp cancel {j} ends it")  # fmt: skip
+
+
+def _drain(path: Path, offset: int, out: TextIO, settle_s: float) -> int:
+    """Copy what is left of `path`: its last lines can land just after the state changed (a
+    node's file system is behind), so read again until it stops growing (a few rounds at most)."""
+    for _ in range(5):
+        time.sleep(settle_s)
+        grown = _copy_new(path, offset, out)
+        if grown == offset:
+            break
+        offset = grown
+    return offset
 
 
 def _copy_new(path: Path, offset: int, out: TextIO) -> int:

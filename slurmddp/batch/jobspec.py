@@ -74,7 +74,10 @@ class JobSpec:
     `target` is the script path then its arguments, or ``("-m", module, *args)``, verbatim.
     `setup` holds raw shell lines (module loads, venv activation): the only user text the batch
     script executes as written. `time_minutes` None means no ``--time`` line, so the
-    partition's default limit applies.
+    partition's default limit applies. `snapshot` asks submission for a code snapshot, within
+    `snapshot_max_mib` and `snapshot_max_files`; `code_dir` is set once it is taken (or previewed):
+    the snapshot's copy of the directory the code came from, and `target` then names the script's
+    copy in the snapshot (`slurmddp.batch.snapshot`). None: the files as they are at each run.
     """
 
     target: tuple[str, ...]
@@ -105,6 +108,10 @@ class JobSpec:
     max_restarts: int = DEFAULTS["max_restarts"]
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
     rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
+    snapshot: bool = DEFAULTS["snapshot"]
+    snapshot_max_mib: int = DEFAULTS["snapshot_max_mib"]
+    snapshot_max_files: int = DEFAULTS["snapshot_max_files"]
+    code_dir: str | None = None
 
     @property
     def nodes(self) -> str:
@@ -203,6 +210,12 @@ def validate(spec: JobSpec) -> None:
     _check_no_nul("python", spec.python)
     if spec.rdzv_port is not None and not 1 <= spec.rdzv_port <= 65535:
         raise SpecError(f"rdzv_port={spec.rdzv_port} is not a TCP port: give 1 to 65535")
+    _check_count("snapshot_max_mib", spec.snapshot_max_mib)
+    _check_count("snapshot_max_files", spec.snapshot_max_files)
+    if spec.code_dir is not None:
+        _check_no_nul("code_dir", spec.code_dir)
+        if not os.path.isabs(spec.code_dir):
+            raise SpecError(f"code_dir={spec.code_dir!r} is relative: give an absolute path")
 
 
 def _check_resources(spec: JobSpec) -> None:
@@ -405,7 +418,7 @@ def build_spec(
     ntasks = v["ntasks_per_node"]
     as_given = ("gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint",
                 "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
-                "signal_lead")  # fmt: skip
+                "signal_lead", "snapshot", "snapshot_max_mib", "snapshot_max_files")  # fmt: skip
     spec = JobSpec(
         target=target,
         job_name=_default_job_name(target) if v["job_name"] is None else v["job_name"],

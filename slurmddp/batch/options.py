@@ -78,7 +78,8 @@ class Invalid(Exception):
 
 
 # How an option's value is checked (`Option.check`): see _CHECKS.
-Kind = Literal["count", "nodes", "slurm", "choice", "signal", "text", "path", "lines", "env"]
+Kind = Literal["count", "nodes", "slurm", "choice", "signal", "text", "path", "lines", "env",
+               "bool"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +109,11 @@ class Option:
     def repeated(self) -> bool:
         """A flag given once per value, whose values every configuration layer adds to."""
         return self.kind in ("lines", "env")
+
+    @property
+    def takes_value(self) -> bool:
+        """Whether the flag is followed by a value (a bool is ``--flag`` or ``--no-flag``)."""
+        return self.kind != "bool"
 
     def help_text(self) -> str:
         """The ``--help`` line: the help, the choices and the default, all from the table."""
@@ -180,6 +186,12 @@ def _text(opt: Option, value: object, typed: bool) -> object:
     return value
 
 
+def _bool(opt: Option, value: object, typed: bool) -> object:
+    if not isinstance(value, bool):
+        raise Invalid("must be true or false")
+    return value
+
+
 def _lines(opt: Option, value: object, typed: bool) -> object:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise Invalid("must be a list of strings")
@@ -238,7 +250,7 @@ def toml_key(name: str) -> str:
 
 _CHECKS = {
     "count": _count, "nodes": _nodes, "slurm": _slurm, "choice": _choice, "signal": _signal,
-    "text": _text, "path": _text, "lines": _lines, "env": _env,
+    "text": _text, "path": _text, "lines": _lines, "env": _env, "bool": _bool,
 }  # fmt: skip
 
 # In the order `slurmddp profiles` shows settings and `--help` lists flags.
@@ -269,6 +281,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("template", "path", "a Jinja sbatch template of your own", spec=False),
     Option("output", "path", "directory for job logs", default="slurmddp-jobs",
            param="output_dir"),
+    Option("snapshot", "bool", "run a snapshot of the code taken at submission, so that an edit "
+           "after it changes no run of the job, requeued ones included (submit only)",
+           default=True),
+    Option("snapshot_max_mib", "count", "the largest code snapshot, in MiB", default=50,
+           minimum=1),
+    Option("snapshot_max_files", "count", "the most files a code snapshot may hold",
+           default=10_000, minimum=1),
     Option("setup", "lines", "a shell line run before the job (module load...); repeatable"),
     Option("env", "env", "NAME=VALUE exported to every rank; repeatable"),
     Option("sbatch_args", "lines", "one more sbatch option, as --exclusive; repeatable",
@@ -319,7 +338,10 @@ def spec_keywords(settings: Iterable[tuple[str, Any]]) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The table's flags on `p`: values kept as typed, absent ones None (dest = the key)."""
     for o in OPTIONS:
-        if o.repeated:
+        if not o.takes_value:  # --flag / --no-flag, None when neither is typed
+            p.add_argument(o.flag, dest=o.key, action=argparse.BooleanOptionalAction,
+                           default=None, help=o.help_text())  # fmt: skip
+        elif o.repeated:
             metavar = "NAME=VALUE" if o.kind == "env" else "VALUE"
             p.add_argument(o.flag, dest=o.key, action="append", metavar=metavar,
                            help=o.help_text())  # fmt: skip

@@ -39,6 +39,7 @@ Every variable name, exit status and setting of that protocol reaches the templa
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from slurmddp import protocol
 from slurmddp.batch import templating
@@ -53,6 +54,15 @@ def render_script(spec: JobSpec, template: str = DEFAULT_TEMPLATE) -> str:
     """The batch script for `spec` (validated first: raises `slurmddp.batch.jobspec.SpecError`)."""
     validate(spec)
     return templating.render(template, **context(spec))
+
+
+def render_for(spec: JobSpec, user_template: Path | None = None) -> str:
+    """The batch script of `spec`: the shipped template, or the user's file (``template`` in a
+    profile, ``--template``), sandboxed, with the same variables and filters."""
+    if user_template is None:
+        return render_script(spec)
+    validate(spec)
+    return templating.render_file(user_template, **context(spec))
 
 
 def context(spec: JobSpec) -> dict[str, object]:

@@ -13,6 +13,8 @@ import io
 import os
 import shlex
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,10 +22,11 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from slurmddp.batch import jobs
+from slurmddp import protocol
+from slurmddp.batch import jobs, snapshot
 from slurmddp.batch.jobspec import JobSpec, SpecError
-from slurmddp.batch.sbatch import render_script
-from slurmddp.errors import SubmissionError
+from slurmddp.batch.sbatch import render_for
+from slurmddp.errors import SubmissionError, UserError
 from slurmddp.files import make_dirs
 
 # submitit's private API, used on purpose: submitit submits only pickled functions through its
@@ -48,17 +51,27 @@ class _TemplateExecutor(submitit.SlurmExecutor):
         return self._script
 
 
-def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] = ()):
+def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] = (),
+           template: Path | None = None):
     """Submit `spec` and return its submitit job handle (a SlurmJob, or a LocalJob when local).
 
-    `signal_after` (local only): seconds into each run to send the stop signal, one per run.
+    `template`: the user's batch script template, else the shipped one (a local job runs no
+    batch script). `signal_after` (local only): seconds into each run to send the stop signal,
+    one per run.
     The handle gives state, paths and cancel; it has no result: the job is a program, not a
-    pickled function.
+    pickled function. With `spec.snapshot` (and no `code_dir` yet) the job runs a snapshot of
+    its code taken here, first (`slurmddp.batch.snapshot`).
     """
     created = _make_output_dir(Path(spec.output_dir))  # sbatch needs the batch log's directory
+    taken = None
     try:
-        job = _submit_local(spec, signal_after) if local else _submit_slurm(spec)
-    except SubmissionError:
+        if spec.snapshot and spec.code_dir is None:
+            taken = snapshot.take(spec)
+            spec = taken.spec
+        job = _submit_local(spec, signal_after) if local else _submit_slurm(spec, template)
+    except (SubmissionError, UserError):
+        if taken is not None:  # nothing half-done: no snapshot of a job that does not exist
+            taken.discard()
         for path in created:  # deepest first
             with contextlib.suppress(OSError):  # not empty: something else wrote there
                 path.rmdir()
@@ -93,10 +106,10 @@ def _make_output_dir(folder: Path) -> list[Path]:
     return created
 
 
-def _submit_slurm(spec: JobSpec):
+def _submit_slurm(spec: JobSpec, template: Path | None):
     if shutil.which("sbatch") is None:
         raise SubmissionError("sbatch not found: submit from a Slurm login node, or use --local")
-    executor = _TemplateExecutor(spec, render_script(spec))
+    executor = _TemplateExecutor(spec, render_for(spec, template))
     folder = Path(spec.output_dir)
     before = set(folder.glob(".submission_file_*"))
     try:
@@ -141,9 +154,19 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float]):
         "--max-requeues", str(spec.max_requeues if spec.requeue else 0),
         *[f"--signal-after={s}" for s in signal_after],
         *[f"--env={k}={v}" for k, v in spec.env],
+        *([f"--env={protocol.CODE_DIR_VAR}={spec.code_dir}"] if spec.code_dir else []),
         "--", *spec.target,
     ]  # fmt: skip
-    return executor._submit_command(shlex.join(command))
+    # submitit's local controller would be in the terminal's process group: a Ctrl-C meant for
+    # `submit --follow` would end the job too, with a traceback. Started with SIGINT ignored (as
+    # its children then are), it survives as a Slurm job does; `slurmddp cancel` ends it.
+    if threading.current_thread() is not threading.main_thread():  # signals are the main's
+        return executor._submit_command(shlex.join(command))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return executor._submit_command(shlex.join(command))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _log_pattern(spec: JobSpec, local: bool) -> str:

@@ -15,12 +15,14 @@ from slurmddp.errors import fail
 
 def add_status(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", nargs="*", help="job ids (default: the 20 most recent)")
+    help_v = "also a line per array task: its state, own job id, log directory"
+    p.add_argument("-v", "--verbose", action="store_true", help=help_v)
 
 
 def add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="job id")
     p.add_argument("--rank", type=int, default=0, help="whose log (default 0)")
-    p.add_argument("--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
 
 
 def add_cancel(p: argparse.ArgumentParser) -> None:
@@ -36,15 +38,26 @@ def status(opts: argparse.Namespace) -> int:
     if not records:
         print("no jobs submitted yet")
         return 0
-    current = jobs.states(records)
-    print(f"{'JOB':>10}  {'STATE':<12} {'ENGINE':<6} {'NAME':<20} DIRECTORY")
+    current = jobs.job_states(records)
+    # An array's counts ("RUNNING 2, COMPLETED 1, PENDING 1") widen the column.
+    width = max([13, *(len(s.state) + 1 for s in current.values())])
+    print(f"{'JOB':>10}  {'STATE':<{width}}{'ENGINE':<7}{'NAME':<21}DIRECTORY")
     for r in records:
-        print(f"{r.job_id:>10}  {current[r.job_id]:<12} {r.engine:<6} {r.name:<20} {r.folder}")
+        state = current[r.job_id]
+        print(f"{r.job_id:>10}  {state.state:<{width}}{r.engine:<7}{r.name:<21}{r.folder}")
+        if opts.verbose:
+            for t in state.tasks:
+                own = f"job {t.job_id}" if t.job_id else "-"
+                logs = str(Path(r.folder) / t.job_id) if t.job_id else "(not started)"
+                print(f"{t.task:>10}  {t.state:<{width}}{'':<7}{own:<21}{logs}")
     # sacct answers from slurmdbd even while slurmctld is down, with states that may be stale.
     down = any(r.engine == "slurm" for r in records) and jobs.controller_down()
     if down:
         sys.stdout.flush()
-        stale = f"{down}; the states above come from accounting (sacct) and may be out of date"
+        if jobs.from_controller():
+            stale = f"{down}; without accounting (sacct) no job's state can be read"
+        else:
+            stale = f"{down}; the states above come from accounting (sacct) and may be out of date"
         fail(jobs.controller_unreachable(stale), prog=opts.prog, status=1)
     return 0
 

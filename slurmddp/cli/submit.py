@@ -83,7 +83,7 @@ def split_target(argv: Sequence[str], *, command: str) -> tuple[list[str], list[
     An option's value is glued to it (``--sbatch-arg=--exclusive``) so that argparse takes a
     value that starts with a dash as a value, not as an unknown option.
     """
-    takes_value = {o.flag for o in options.OPTIONS} | {
+    takes_value = {o.flag for o in options.OPTIONS if o.takes_value} | {
         name for f in _FLAGS if command in f.commands and f.takes_value for name in f.flags
     }
     own: list[str] = []
@@ -105,13 +105,20 @@ def split_target(argv: Sequence[str], *, command: str) -> tuple[list[str], list[
     return own, []
 
 
-def build(opts: argparse.Namespace, rest: list[str]) -> tuple[JobSpec, str]:
-    """(spec, script text) from parsed options and the script's arguments.
+def build(
+    opts: argparse.Namespace, rest: list[str], *, preview: bool = False
+) -> tuple[JobSpec, str, Path | None]:
+    """(spec, script text, the user's template or None) from parsed options and the script's
+    arguments.
+
+    The script runs the code as it is at each run: `slurmddp template` takes no snapshot, and
+    ``submit`` takes it as it submits. `preview` (``submit --dry-run``): the script runs the
+    snapshot that submit would take, named and bounded as it would be, but nothing is written.
 
     Bad input raises a `slurmddp.errors.UserError` (SpecError, ConfigError, TemplateError); the
     command's caller reports it.
     """
-    from slurmddp.batch import config, jobspec, sbatch, templating
+    from slurmddp.batch import config, jobspec, sbatch
 
     target = ["-m", opts.module, *rest] if opts.module else rest
     if not target:
@@ -124,19 +131,20 @@ def build(opts: argparse.Namespace, rest: list[str]) -> tuple[JobSpec, str]:
     settings = config.resolve_settings(typed, opts.profile, found)
     keywords = options.spec_keywords(settings.items())
     spec = jobspec.build_spec(target, job_name=opts.job_name, **keywords)
+    if preview and spec.snapshot:
+        from slurmddp.batch import snapshot
+
+        spec = snapshot.preview(spec)
     template = settings.get("template")
-    if template is None:
-        script = sbatch.render_script(spec)
-    else:
-        script = templating.render_file(Path(str(template)), **sbatch.context(spec))
-    return spec, script
+    user_template = None if template is None else Path(str(template))
+    return spec, sbatch.render_for(spec, user_template), user_template
 
 
 def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     prog = parser.prog
     own, rest = split_target(argv, command="submit")
     opts = parser.parse_args(own)
-    spec, script = build(opts, rest)
+    spec, script, template = build(opts, rest, preview=opts.dry_run)
     if opts.dry_run:
         sys.stdout.write(script)
         return 0
@@ -144,7 +152,8 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     from slurmddp.batch import jobs, submission
 
     try:
-        job = submission.submit(spec, local=opts.local, signal_after=opts.local_signal_after or ())
+        job = submission.submit(spec, local=opts.local, template=template,
+                                signal_after=opts.local_signal_after or ())
     except submission.SubmissionError as e:
         fail(str(e), prog=prog, status=1)
     record = jobs.find(str(job.job_id))
@@ -171,7 +180,7 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
 def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     own, rest = split_target(argv, command="template")
     opts = parser.parse_args(own)
-    _, script = build(opts, rest)
+    _, script, _ = build(opts, rest)
     if opts.output_file:
         try:
             Path(opts.output_file).write_text(script, encoding="utf-8")

@@ -27,6 +27,7 @@ from slurmddp import errors
 from slurmddp.errors import EnvError, Parser, UserError, fail, one_line, report, reported
 from slurmddp.preemption import api as preemption
 from slurmddp.protocol import (
+    CODE_DIR_VAR,
     FAILURE_FILE_VAR,
     MASTER_HOST_FORMAT_VAR,
     NOT_REQUEUED_STATUS,
@@ -161,6 +162,12 @@ def _prepare(argv: Sequence[str], prog: str) -> tuple[str | None, list[str]]:
 def _execute(module: str | None, rest: list[str]) -> None:
     if module is not None:
         sys.argv = [module, *rest]
+        code_dir = os.environ.get(CODE_DIR_VAR)
+        if code_dir:
+            # The job's code snapshot (slurmddp.batch.snapshot) before the working directory,
+            # which `python -m` put first and which holds the files as they are now. PYTHONPATH
+            # would not do: it comes after the working directory.
+            sys.path.insert(0, code_dir)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         return
     script = rest[0]

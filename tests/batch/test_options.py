@@ -31,9 +31,15 @@ def test_argparse_takes_the_flag_keeps_no_default_and_shows_the_tables(opt, comm
     monkeypatch.setenv("COLUMNS", "1000")  # no wrapping, so help reads back as declared
     parser = build_parser()[1][command]
     assert getattr(parser.parse_args([]), opt.key) is None  # absent: the layers decide
-    typed = getattr(parser.parse_args([f"{opt.flag}=x"]), opt.key)
-    assert typed == (["x"] if opt.repeated else "x")  # as typed: the table's check parses it
-    assert f"{opt.flag} " in flat_help(command)
+    if opt.takes_value:
+        typed = getattr(parser.parse_args([f"{opt.flag}=x"]), opt.key)
+        assert typed == (["x"] if opt.repeated else "x")  # as typed: the table's check parses it
+        assert f"{opt.flag} " in flat_help(command)
+    else:  # a bool: --flag or --no-flag
+        assert getattr(parser.parse_args([opt.flag]), opt.key) is True
+        no = "--no-" + opt.flag.removeprefix("--")
+        assert getattr(parser.parse_args([no]), opt.key) is False
+        assert f"{opt.flag}, {no} " in flat_help(command)
     assert opt.help_text() in flat_help(command)
     if opt.default is not None:
         assert opt.help_text().endswith(f"(default: {opt.default})")

@@ -67,6 +67,11 @@ CASES = {
     "srun_mpi_pmix": dataclasses.replace(
         BASE, nodes_min=2, nodes_max=2, ntasks_per_node=2, mpi="pmix", cpus_per_task=1,
     ),
+    # As slurmddp.batch.snapshot leaves a spec: the script's copy in the snapshot is run.
+    "srun_code_snapshot": dataclasses.replace(
+        BASE, target=("/scratch/runs/snapshots/0123456789abcdef/src/train.py", "--lr", "0.1"),
+        code_dir="/scratch/runs/snapshots/0123456789abcdef/src", nodes_min=2, nodes_max=2,
+    ),
 }  # fmt: skip
 
 
@@ -233,6 +238,8 @@ def hostile_specs(draw) -> JobSpec:
         srun_args=tuple(srun_args),
         setup=("export FROM_SETUP=ran",),
         python="PY",
+        # made absolute per example, as output_dir
+        code_dir=draw(st.none() | one_line(extra="\\/").map(lambda v: "CODE/" + v)),
     )
 
 
@@ -258,8 +265,9 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
         work = Path(work_dir)
         out = str(work / spec.output_dir)
         spec = dataclasses.replace(
-            spec, output_dir=out, python=str(fakes / "py $(touch pwned) 'q' `id`" / "python")
-        )
+            spec, output_dir=out, python=str(fakes / "py $(touch pwned) 'q' `id`" / "python"),
+            code_dir=None if spec.code_dir is None else str(work / spec.code_dir),
+        )  # fmt: skip
         script = work / "job.sh"
         script.write_text(render_script(spec), encoding="utf-8")
         env = {
@@ -286,6 +294,7 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
         for key, value in dict(spec.env).items():
             assert record["env"][key] == value
         assert record["env"]["FROM_SETUP"] == "ran"
+        assert record["env"].get("SLURMDDP_CODE_DIR") == spec.code_dir
         srun_argv = (work / "srun.argv").read_bytes().decode().split("\0")[:-1]
         assert srun_argv[-len(argv) - 1 :] == [spec.python, *argv]
         for arg in spec.srun_args:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, tagged_json
+from tests.conftest import ROOT, tagged_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -209,3 +209,182 @@ def test_submit_with_srun_mpi_plugin(slurm_cluster, tmp_path):
     results = rank_results(submitted(r))
     assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
     assert len({x["digest"] for x in results}) == 1
+
+
+# ---- status and --follow: arrays, the log's tail, a cluster without accounting ---------------
+
+ARRAY_TASK = "import os, time\nprint('task', os.environ['SLURM_ARRAY_TASK_ID'], flush=True)\n" \
+             "time.sleep(2)\n"  # fmt: skip
+
+
+def follow_states(stdout: str, job_id: str) -> list[str]:
+    return [x.split(": ", 1)[1] for x in stdout.splitlines()
+            if x.startswith(f"[slurmddp] job {job_id}: ")]  # fmt: skip
+
+
+def test_an_array_job_is_followed_and_shown_with_its_tasks_counted(slurm_cluster, tmp_path):
+    script = tmp_path / "task.py"
+    script.write_text(ARRAY_TASK)
+    r = slurmddp(slurm_cluster, "submit", "--follow", "--json", "--sbatch-arg=--array=0-2",
+                 str(script), cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = submitted(r)
+    states = follow_states(r.stdout, job["job_id"])
+    assert states[-1] == "COMPLETED 3", r.stdout
+    status = slurmddp(slurm_cluster, "status", job["job_id"], cwd=tmp_path)
+    assert f"{job['job_id']}  COMPLETED 3 " in status.stdout, status.stdout
+    verbose = slurmddp(slurm_cluster, "status", "-v", job["job_id"], cwd=tmp_path).stdout
+    tasks = [line.split() for line in verbose.splitlines()[2:]]
+    assert [t[0] for t in tasks] == [f"{job['job_id']}_{i}" for i in range(3)], verbose
+    for i, (_, state, _, own, logs) in enumerate(tasks):
+        assert state == "COMPLETED" and logs == str(Path(job["job_dir"]) / own), verbose
+        assert f"task {i}\n" in (Path(logs) / "rank-0.log").read_text()
+
+
+def test_an_array_is_counted_while_its_tasks_run(slurm_cluster, tmp_path):
+    script = tmp_path / "task.py"
+    script.write_text(ARRAY_TASK.replace("sleep(2)", "sleep(30)"))
+    # Two at a time: one task waits in the array while two run.
+    job = submitted(slurmddp(slurm_cluster, "submit", "--json", "--sbatch-arg=--array=0-2%2",
+                             str(script), cwd=tmp_path))  # fmt: skip
+    try:
+        seen = []
+        for _ in range(60):
+            out = slurmddp(slurm_cluster, "status", job["job_id"], cwd=tmp_path).stdout
+            seen.append(out.splitlines()[1].split(job["job_id"], 1)[1].split(" slurm ")[0].strip())
+            if seen[-1].startswith("RUNNING 2, PENDING 1"):
+                break
+            time.sleep(1)
+        assert seen[-1].startswith("RUNNING 2, PENDING 1"), seen
+    finally:
+        slurmddp(slurm_cluster, "cancel", job["job_id"], cwd=tmp_path)
+
+
+def test_follow_prints_the_logs_last_lines_before_the_final_state(slurm_cluster, tmp_path):
+    script = tmp_path / "chatty.py"
+    # Many lines written in the job's last moment: they land as the job ends.
+    script.write_text(
+        "for i in range(3000):\n    print('line', i)\nprint('LAST LINE', flush=True)\n"
+    )
+    r = slurmddp(slurm_cluster, "submit", "--follow", "--json", str(script), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = submitted(r)
+    lines = r.stdout.splitlines()
+    assert lines[-1] == f"[slurmddp] job {job['job_id']}: COMPLETED", lines[-5:]
+    assert lines[-2] == "LAST LINE"
+    assert [x for x in lines if x.startswith("line ")] == [f"line {i}" for i in range(3000)]
+
+
+NO_ACCOUNTING = (
+    "#!/bin/bash\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n"
+)
+
+
+def test_without_accounting_status_and_follow_ask_the_controller(slurm_cluster, tmp_path):
+    # sacct as it answers on a cluster without slurmdbd; squeue and scontrol are the real ones.
+    # Not a cluster variant without accounting: while it lasted, it would take sacct from every
+    # other test on the shared cluster, and the jobs run meanwhile would stay out of accounting.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text(NO_ACCOUNTING)
+    (bin_dir / "sacct").chmod(0o755)
+    env = slurm_cluster.env(XDG_STATE_HOME=str(tmp_path / "state"),
+                            PATH=f"{bin_dir}:{slurm_cluster.env()['PATH']}")  # fmt: skip
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "slurmddp", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)  # fmt: skip
+
+    script = tmp_path / "task.py"
+    script.write_text(ARRAY_TASK)
+    plain = run("submit", "--follow", "--json", str(script.with_name("plain.py")))
+    assert plain.returncode == 2  # no such script: nothing was submitted
+    script.with_name("plain.py").write_text("print('plain', flush=True)\n")
+    plain = run("submit", "--follow", "--json", str(script.with_name("plain.py")))
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert plain.stdout.splitlines()[-2:] == [
+        "plain",
+        f"[slurmddp] job {submitted(plain)['job_id']}: COMPLETED",
+    ]
+    said = [x for x in plain.stderr.splitlines() if "states come from the controller" in x]
+    assert len(said) == 1 and "accounting storage is disabled" in said[0], plain.stderr
+
+    array = run("submit", "--follow", "--json", "--sbatch-arg=--array=0-1", str(script))
+    assert array.returncode == 0, array.stdout + array.stderr
+    assert follow_states(array.stdout, submitted(array)["job_id"])[-1] == "COMPLETED 2"
+
+    failing = script.with_name("failing.py")
+    failing.write_text("raise SystemExit(3)\n")
+    failed = run("submit", "--follow", "--json", str(failing))
+    assert failed.returncode == 3, failed.stdout + failed.stderr  # the exit code from scontrol
+    assert follow_states(failed.stdout, submitted(failed)["job_id"])[-1] == "FAILED"
+
+    status = run("status", "-v")
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:]}
+    assert " COMPLETED " in rows[submitted(plain)["job_id"]], status.stdout
+    assert " COMPLETED 2 " in rows[submitted(array)["job_id"]], status.stdout
+    assert " FAILED " in rows[submitted(failed)["job_id"]], status.stdout
+    assert {f"{submitted(array)['job_id']}_{i}" for i in (0, 1)} <= rows.keys(), status.stdout
+    assert status.stderr.count("states come from the controller") == 1
+
+
+# Prints what it runs (its own version, its sibling module's, where it is) on every run; the
+# first run waits for the test to edit the code, then asks for a requeue.
+SNAPSHOT_PROGRAM = """\
+import json, os, sys, time
+import helper
+import slurmddp
+
+go, restart = sys.argv[1], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+seen = {{"restart": restart, "script": {version!r}, "helper": helper.V, "file": __file__,
+        "cwd": os.getcwd()}}
+print("RESULT", json.dumps(seen), flush=True)
+if restart == 0:
+    deadline = time.time() + 120
+    while not os.path.exists(go) and time.time() < deadline:
+        time.sleep(0.2)
+    slurmddp.requeue()
+slurmddp.mark_done()
+"""
+
+
+def write_code(project: Path, version: str) -> None:
+    (project / "train.py").write_text(SNAPSHOT_PROGRAM.format(version=version))
+    (project / "helper.py").write_text(f"V = {version!r}\n")
+
+
+@pytest.mark.parametrize("snapshotted", [True, False], ids=["snapshot", "no-snapshot"])
+def test_a_pending_and_a_requeued_job_run_the_code_as_submitted(slurm_cluster, tmp_path,
+                                                                snapshotted):
+    write_code(tmp_path, "submitted")
+    go = tmp_path / "go"
+    r = slurmddp(slurm_cluster, "submit", "--json", "--sbatch-arg=--hold",
+                 *([] if snapshotted else ["--no-snapshot"]), "train.py", str(go),
+                 cwd=tmp_path)  # fmt: skip
+    job = submitted(r)
+    log = Path(job["job_dir"]) / job["job_id"] / "rank-0.log"
+    state = slurm_cluster.run(["squeue", "-h", "-o", "%T", "-j", job["job_id"]]).stdout.strip()
+    assert state == "PENDING" and not log.exists(), state
+    write_code(tmp_path, "edited while pending")  # the script and the module it imports
+    released = slurm_cluster.run(["scontrol", "release", job["job_id"]])
+    assert released.returncode == 0, released.stderr
+
+    def results() -> list[dict]:
+        return tagged_json(log.read_text(), "RESULT ") if log.exists() else []
+
+    wait_until(lambda: len(results()) >= 1, 180, lambda: f"the first run's line in {log}")
+    write_code(tmp_path, "edited before the requeue")
+    go.touch()
+    wait_until(lambda: len(results()) >= 2, 300, lambda: f"the requeued run's line in {log}")
+    first, second = results()[:2]
+    assert (first["restart"], second["restart"]) == (0, 1)
+    assert first["cwd"] == second["cwd"] == str(tmp_path)  # the user's working directory
+    if snapshotted:
+        for run in (first, second):
+            assert run["script"] == run["helper"] == "submitted", run
+            assert run["file"].startswith(f"{job['job_dir']}/snapshots/"), run
+        assert first["file"] == second["file"]
+    else:  # the control: each run runs the files as they are then
+        assert first["script"] == first["helper"] == "edited while pending", first
+        assert second["script"] == second["helper"] == "edited before the requeue", second

@@ -31,6 +31,7 @@ export SLURMDDP_DONE_FILE="$job_dir"/done
 export SLURMDDP_ASKED_FILE="$job_dir"/asked
 export SLURMDDP_STOP_FILE="$job_dir"/stop
 export SLURMDDP_FAILURE_FILE="$job_dir"/failures
+# The code: its files as they are when each run starts (no snapshot of it was taken).
 restart=${SLURM_RESTART_COUNT:-0}
 
 echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"

@@ -1,0 +1,171 @@
+#!/bin/bash
+#SBATCH --job-name=train
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output=/scratch/runs/%j.batch.log
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@120
+
+# Written by slurmddp submit. Logs, appended to when the job is requeued:
+#   <output dir>/<job id>.batch.log        this shell: setup, srun's own messages
+#   <output dir>/<job id>/rank-<rank>.log   each rank's output
+
+# sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
+# tried by hand) must not decide the ranks. --env values are exported after the setup lines.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
+for name in ${!TORCHELASTIC_@}; do unset "$name"; done
+
+# The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
+# rank 0 leaves the reason in the requeue file, and after the step this shell decides from what
+# Slurm records about the job (slurmddp.preemption.decision) whether to requeue it: the ranks need no Slurm
+# tools (they may run in a container).
+export SLURMDDP_BACKEND=auto
+export SLURMDDP_SIGNAL=USR2
+export SLURMDDP_SIGNAL_LEAD=120
+export SLURMDDP_MAX_REQUEUES=3
+job_dir=/scratch/runs/"$SLURM_JOB_ID"
+export SLURMDDP_REQUEUE_FILE="$job_dir"/requeue
+export SLURMDDP_DONE_FILE="$job_dir"/done
+export SLURMDDP_ASKED_FILE="$job_dir"/asked
+export SLURMDDP_STOP_FILE="$job_dir"/stop
+export SLURMDDP_FAILURE_FILE="$job_dir"/failures
+# The code: its snapshot taken at submission, the same for every run, requeued ones too (the
+# script's copy is run, and -m modules are imported from it first); the working directory stays
+# the one the job was submitted from.
+export SLURMDDP_CODE_DIR=/scratch/runs/snapshots/0123456789abcdef/src
+restart=${SLURM_RESTART_COUNT:-0}
+
+echo "slurmddp: job $SLURM_JOB_ID (restart $restart) on $SLURM_JOB_NODELIST"
+# Never world-writable, whatever the umask.
+(umask o-w && mkdir -p -- "$job_dir") || exit 1
+# Checked here, not asked of Python: the setup lines that may make the job's python work have not
+# run yet.
+if [[ -e $SLURMDDP_DONE_FILE ]]; then
+    # Requeued after its work was done (preempted while exiting): nothing is left to run.
+    echo "slurmddp: job $SLURM_JOB_ID finished its work in an earlier run: not run again"
+    exit 0
+fi
+# An earlier run's (one killed before its decision leaves them behind).
+rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE"
+
+# Signals are taken from here on, setup included: the stop signal would otherwise end this shell.
+# The step runs in the background so that this shell takes them while it waits (bash runs a trap
+# only between commands). The stop signal is left in the stop file for ranks not yet able to take
+# it, then passed on to srun, which passes it on to every task; not in srun's first seconds,
+# which it would kill or drop. TERM is only noted: Slurm sends it to every step itself, and srun
+# would answer a forwarded TERM by killing the step. Never trap CONT: Slurm sends it along with
+# both, and bash then loses the other trap.
+step=
+step_started=0
+received=  # the signals trapped, for the decision
+interrupted=0
+on_stop() {
+    received="$received $1"
+    interrupted=1
+    echo "$1" >"$SLURMDDP_STOP_FILE" 2>/dev/null || true
+    if [[ -z $step ]]; then return; fi
+    local early=$((step_started + 2 - SECONDS))
+    if ((early > 0)); then
+        (sleep "$early"; kill -s "$1" "$step" 2>/dev/null) &
+    else
+        kill -s "$1" "$step" 2>/dev/null || true
+    fi
+}
+on_term() {
+    received="$received TERM"
+    interrupted=1
+}
+trap 'on_stop USR2' USR2
+trap on_term TERM
+
+set -u  # from here on every variable is ours, and every status is handled by hand
+
+
+# srun's own messages land in this shell's log (appended to across runs): where this run's begin.
+batch_log=$(readlink -- "/proc/$$/fd/1" 2>/dev/null) || batch_log=
+log_start=0
+if [[ -f $batch_log ]]; then log_start=$(stat -c %s -- "$batch_log" 2>/dev/null || echo 0); fi
+
+status=  # the step's exit status; stays empty when a signal came before the step started
+if [[ -n $received ]]; then
+    echo "slurmddp:${received} came before the step started: not starting it" >&2
+else
+    # srun 22.05 no longer takes --cpus-per-task from the job: the step asks for it again.
+    srun --kill-on-bad-exit=1 --open-mode=append --output=/scratch/runs/%j/rank-%t.log \
+        sh -c 'trap "" USR2; exec "$@"' slurmddp-rank /opt/venv/bin/python -m slurmddp.run /scratch/runs/snapshots/0123456789abcdef/src/train.py --lr 0.1 &
+    step=$! step_started=$SECONDS
+    # A stop signal trapped between the check above and here has not been passed on yet.
+    if [[ $received == *USR2* ]]; then on_stop USR2; fi
+
+    wait "$step"
+    status=$?
+    # A trapped signal ends `wait` early (128+n) while the step runs on: wait again. Bash keeps a
+    # background job's status until it is collected, so a wait after the step ended still gets it.
+    while ((interrupted)); do
+        interrupted=0
+        wait "$step"
+        rc=$?
+        ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
+    done
+fi
+
+# Which rank failed: srun names the task and node it saw end first (tasks of one node that end
+# together share a line); a rank that raised or exited non-zero appended its own line first.
+summarise_failure() {
+    local seen= first
+    if [[ -f $batch_log ]]; then
+        seen=$(tail -c +"$((log_start + 1))" -- "$batch_log" | grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9,-]+: ')
+    fi
+    first=$(head -n 1 -- "$SLURMDDP_FAILURE_FILE" 2>/dev/null)
+    if [[ $seen =~ ^srun:\ error:\ ([^ ]+):\ (tasks?\ [0-9,-]+):\ (.*)$ ]]; then
+        echo "slurmddp: the step failed with status $status; the first to end, as srun saw it: ${BASH_REMATCH[2]} on ${BASH_REMATCH[1]} (${BASH_REMATCH[3]})" >&2
+    else
+        echo "slurmddp: the step failed with status $status" >&2
+    fi
+    if [[ -n $first ]]; then
+        echo "slurmddp: the first failure a rank reported: ${first#slurmddp: }" >&2
+    fi
+    if [[ -n $seen && $seen != *"Exited with exit code"* ]]; then
+        echo "slurmddp: ${BASH_REMATCH[2]} on ${BASH_REMATCH[1]} was ended by a signal and could not report; failures after it followed from losing it" >&2
+    fi
+}
+
+# ---- what happens to the job: decided by slurmddp.preemption.decision, carried out here -----
+# A requeue (Slurm's, or the one below) sends TERM to this shell's processes; these must finish.
+immune() { (trap '' TERM; exec "$@"); }
+facts=()
+if [[ -n $status ]]; then facts+=(--step-status "$status"); fi
+if [[ -e $SLURMDDP_REQUEUE_FILE ]]; then
+    facts+=(--asked "$(<"$SLURMDDP_REQUEUE_FILE")")
+    rm -f -- "$SLURMDDP_REQUEUE_FILE"
+fi
+if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
+if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
+for sig in $received; do facts+=(--received "$sig"); done
+# The facts and Slurm's record of the job in; the verdict ACTION STATUS TARGET out.
+decide() {
+    immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null \
+        | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}" "$@"
+}
+read -r action code target <<<"$(decide)"
+case $action in
+    finished)
+        : >"$SLURMDDP_DONE_FILE"  # a requeue racing this exit must not run the job again
+        exit "$code" ;;
+    done|stop) exit "$code" ;;
+    fail) summarise_failure; exit "$code" ;;
+    final)
+        # A preempted job is requeued by Slurm itself unless it is told not to be.
+        scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1
+        exit "$code" ;;
+    requeue)
+        if ! immune scontrol requeue "$target"; then
+            # Its answer can be lost while the requeue went through: the decision looks again.
+            read -r action code target <<<"$(decide --requeue-failed)"
+        fi
+        exit "${code:-75}" ;;
+    *)
+        echo "slurmddp: no decision from python -m slurmddp.preemption.decision; the job ends with the step's status" >&2
+        exit "${status:-1}" ;;
+esac

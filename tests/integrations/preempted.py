@@ -1,0 +1,38 @@
+"""The proof every integration gives on the cluster: a 2-node job of a framework's script,
+preempted mid-training, resumes where it stopped and ends bitwise equal to an uninterrupted run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import tagged_json
+from tests.preemption.test_preemption_cluster import Job
+
+
+def args(script: str, out: Path, out_flag: str, steps: int, step_time: float) -> list[str]:
+    return ["--nodes", "2", "--ntasks-per-node", "1", "--env", "OMP_NUM_THREADS=1", script,
+            "--steps", str(steps), out_flag, str(out), "--step-time", str(step_time)]
+
+
+def preempted_once(cluster, tmp_path: Path, script: str, out_flag: str, steps: int = 120) -> Path:
+    """Run `script` uninterrupted and preempted once; check the second against the first and
+    return its output directory."""
+    reference = Job(cluster, tmp_path, args(script, tmp_path / "ref", out_flag, steps, 0))
+    job = Job(cluster, tmp_path, args(script, tmp_path / "out", out_flag, steps, 0.1))
+    end = reference.wait_end()
+    assert end["JobState"] == "COMPLETED", reference.batch_log
+    job.wait_for_log(r"step 30 ")
+    job.preempt()
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", job.batch_log
+    assert re.search(r"stopped \(preempted, USR2\) at restart 0 after its checkpoint: requeued",
+                     job.batch_log), job.batch_log  # fmt: skip
+    logged = [int(s) for s in re.findall(r"^step (\d+) ", job.log(), re.M)]
+    # The second run went on from the checkpoint: no step logged twice, none missing.
+    assert logged == list(range(10, steps + 1, 10)), job.log()
+    results = [x for r in range(2) for x in tagged_json(job.log(r), "RESULT ")]
+    expected = [x for r in range(2) for x in tagged_json(reference.log(r), "RESULT ")]
+    assert len(results) == 2 and {x["steps"] for x in results} == {steps}
+    assert {x["digest"] for x in results} == {x["digest"] for x in expected}, (results, expected)
+    return tmp_path / "out"
