@@ -50,6 +50,9 @@ class JobRecord:
     submitted: float
     # Where each rank's output goes, formatted with folder, job_id and rank.
     log_pattern: str = SLURM_LOG_PATTERN
+    # An array job's task indices as sbatch was given them ("0-15%4"), "" for a plain job:
+    # accounting may list a task only once it starts, and a follow must not end before them all.
+    array: str = ""
 
     def log(self, rank: int | str = 0) -> Path:
         """Rank `rank`'s output (a placeholder such as "<rank>" shows the pattern)."""
@@ -127,12 +130,43 @@ def job_states(records: Iterable[JobRecord]) -> dict[str, JobState]:
         if rows is None:
             rows = _controller_rows()
         tasks = _by_job(rows)
+        arrays = {r.job_id: r.array for r in records}
         for job_id in slurm:
-            out[job_id] = _job_state(tasks.get(job_id, {}))
+            seen = dict(tasks.get(job_id, {}))
+            for task in array_tasks(job_id, arrays.get(job_id, "")):
+                seen.setdefault(task, (job_id, "PENDING"))  # not listed yet: still waiting
+            out[job_id] = _job_state(seen)
     for r in records:
         if r.engine == "local":
             out[r.job_id] = JobState(local_state(r))
     return out
+
+
+def array_tasks(job_id: str, indices: str) -> list[str]:
+    """The tasks ``JOB_I`` of an sbatch ``--array`` index list ("0-2", "1,3,8-10:2%4"); none for
+    "" or a list this cannot read (then only what Slurm lists counts)."""
+    tasks = []
+    for part in indices.split("%")[0].split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if not (first.isdigit() and (last or first).isdigit() and (step or "1").isdigit()):
+            return []
+        tasks += [f"{job_id}_{i}" for i in range(int(first), int(last or first) + 1,
+                                                  int(step or 1))]  # fmt: skip
+    return tasks
+
+
+def array_indices(sbatch_args: Iterable[str]) -> str:
+    """The ``--array`` (``-a``) index list among sbatch's arguments, or ""."""
+    args = list(sbatch_args)
+    for i, arg in enumerate(args):
+        if arg.startswith("--array="):
+            return arg.split("=", 1)[1]
+        if arg.startswith("-a") and len(arg) > 2:
+            return arg[2:]
+        if arg in ("--array", "-a") and i + 1 < len(args):
+            return args[i + 1]
+    return ""
 
 
 def aggregate(task_states: Iterable[str]) -> str:

@@ -85,6 +85,7 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
             tasks=spec.nodes_max * spec.ntasks_per_node,
             submitted=time.time(),
             log_pattern=_log_pattern(spec, local),
+            array="" if local else jobs.array_indices(spec.sbatch_args),
         )
     )
     return job

@@ -4,5 +4,5 @@ Each module imports its framework only when it is imported itself (importing slu
 requires one) and turns the agreed stop (`slurmddp.should_stop`) into the framework's own
 checkpoint, then `slurmddp.requeue`; the next run resumes from that checkpoint, and the end of
 the work is `slurmddp.mark_done`. `transformers`: the Hugging Face Trainer (`train`);
-`accelerate`: an Accelerate loop (`Preemptible`).
+`accelerate`: an Accelerate loop (`Preemptible`); `lightning`: a Lightning fit (`fit`).
 """

@@ -127,6 +127,20 @@ class Receiver:
         signal.signal(signal.SIGTERM, self._on_term)
         self._term_taken = True
 
+    def take_back(self) -> None:
+        """Take the stop signal and SIGTERM back from a framework that replaced the handlers
+        (Lightning, as its fit starts), without chaining the framework's: its TERM handler ends
+        training at the batch's end, before the ranks agree and checkpoint. Main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self.stop is not None and signal.getsignal(self.stop) != self._on_stop:
+            signal.signal(self.stop, self._on_stop)
+        if signal.getsignal(signal.SIGTERM) != self._on_term:
+            if not self._term_taken:
+                self._previous_term = None
+            signal.signal(signal.SIGTERM, self._on_term)
+            self._term_taken = True
+
     def _on_term(self, signum: int, frame: Any) -> None:
         self.seen |= TERM
         if self._previous_term is not None:

@@ -262,3 +262,22 @@ def test_ctrl_c_during_follow_says_what_happens_to_the_job(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"slurmddp: stopped following job {done}, which ended with it (CANCELLED)\n"
     )
+
+
+def test_array_tasks_accounting_does_not_list_yet_count_as_waiting(tmp_path, fake_slurm):
+    # Early in an array's life sacct may list only its first task: a follow ended on it
+    # ("COMPLETED 1") while two tasks had not started.
+    fake_slurm(sacct="echo '100_0|100|COMPLETED'")
+    array = record(tmp_path, job_id="100", engine="slurm", array="0-2")
+    state = jobs.states([array])["100"]
+    assert state == "PENDING 2, COMPLETED 1" and not jobs.is_final(state)
+    assert jobs.states([record(tmp_path, job_id="100", engine="slurm")]) == {"100": "COMPLETED 1"}
+
+
+def test_the_array_index_list_is_read_from_sbatchs_arguments():
+    assert jobs.array_indices(["--array=0-15%4"]) == "0-15%4"
+    assert jobs.array_indices(["--exclusive", "-a", "1,3"]) == "1,3"
+    assert jobs.array_indices(["-a2-4"]) == "2-4"
+    assert jobs.array_indices(["--qos=low"]) == ""
+    assert jobs.array_tasks("7", "1,4-8:2%2") == ["7_1", "7_4", "7_6", "7_8"]
+    assert jobs.array_tasks("7", "") == [] and jobs.array_tasks("7", "x-3") == []

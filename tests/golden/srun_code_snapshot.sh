@@ -17,9 +17,9 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE RO
 for name in ${!TORCHELASTIC_@}; do unset "$name"; done
 
 # The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
-# rank 0 leaves the reason in the requeue file, and after the step this shell decides from what
-# Slurm records about the job (slurmddp.preemption.decision) whether to requeue it: the ranks need no Slurm
-# tools (they may run in a container).
+# rank 0 leaves the reason in the requeue file, and after the step this shell asks
+# slurmddp.preemption.decision, from what Slurm records about the job, whether to requeue it: the
+# ranks need no Slurm tools (they may run in a container).
 export SLURMDDP_BACKEND=auto
 export SLURMDDP_SIGNAL=USR2
 export SLURMDDP_SIGNAL_LEAD=120

@@ -47,6 +47,7 @@ def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
 
 @pytest.mark.cluster
 def test_a_preempted_accelerate_loop_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path):
-    out = preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir")
+    preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir")
+    out = tmp_path / "out"
     saved = [p.name for p in out.iterdir()]
     assert len(saved) == 1 and saved[0].startswith("step-"), saved

@@ -35,6 +35,7 @@ def test_an_uninterrupted_run_ends_at_its_last_step(tmp_path):
 @pytest.mark.cluster
 def test_a_preempted_trainer_resumes_at_its_stop_and_ends_bitwise_identical(slurm_cluster,
                                                                             tmp_path):
-    out = preempted_once(slurm_cluster, tmp_path, SCRIPT, "--output-dir")
+    preempted_once(slurm_cluster, tmp_path, SCRIPT, "--output-dir")
+    out = tmp_path / "out"
     saved = [int(m[1]) for p in out.iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
     assert len(saved) == 1 and 30 <= saved[0] < 120, saved  # the stop's checkpoint, only

@@ -110,6 +110,26 @@ def test_a_term_handler_of_the_script_still_runs_whether_installed_before_or_aft
     assert r.stdout.split("\n")[:2] == ["['before'] 2", "['before', 'after', 'before']"]
 
 
+def test_take_back_reclaims_both_signals_from_a_framework_without_chaining_it():
+    r = run_python("""
+        import os, signal, time, slurmddp
+        from slurmddp.preemption import api
+        got = []
+        signal.signal(signal.SIGTERM, lambda s, f: got.append("script's"))
+        slurmddp.should_stop()  # takes TERM, chaining the script's handler
+        # A framework (Lightning as fit starts) replaces both, chaining what it found.
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            previous = signal.getsignal(sig)
+            signal.signal(sig, lambda s, f, p=previous: (got.append("framework's"), p(s, f)))
+        api.state().receiver.take_back()
+        os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGUSR2); time.sleep(0.1)
+        print(got, api.received().name, slurmddp.should_stop())
+        """)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["[\"script's\"]", "SIGUSR2", "True"]
+
+
 def test_an_ignored_term_stays_ignored():
     r = run_python("""
         import os, signal, time, slurmddp

@@ -1,0 +1,98 @@
+"""PyTorch Lightning under the stop protocol: ``slurmddp.integrations.lightning.fit``.
+
+    from slurmddp.integrations.lightning import fit
+    fit(trainer, model, train_loader, dirpath="checkpoints")   # instead of trainer.fit(...)
+
+On an agreed stop (asked after every training batch, on every rank) the Trainer saves its own
+checkpoint, ``step-N.ckpt`` in `dirpath` (written under a hidden name, renamed once complete),
+ends its loop, and the job is requeued; every run passes the newest one as ``ckpt_path``; the run
+that finishes calls `slurmddp.mark_done`. Lightning resumes mid-epoch only with a
+stateful data loader (``torchdata.stateful_dataloader.StatefulDataLoader``), whose position it
+keeps in the checkpoint; a plain DataLoader starts its epoch again. (Bitwise at 1 rank; not
+yet at 2, see README.md.)
+
+Lightning's own SLURM auto-requeue (its SIGUSR1 handler) is left out, and said so, when the stop
+signal is USR1: slurmddp's handler is installed first, and Lightning adds its own only where none
+is. Lightning's SIGTERM handler (which would end fit at the batch's end, before the ranks agree
+and checkpoint) is replaced by the stop protocol's as training starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from slurmddp import files
+from slurmddp.errors import warn
+from slurmddp.preemption import api
+
+_STEP = re.compile(r"step-(\d+)\.ckpt")
+
+
+class StopProtocol(Callback):
+    """Asks `slurmddp.should_stop` after every training batch; on a stop, saves and ends fit."""
+
+    def __init__(self, dirpath: str | os.PathLike[str]) -> None:
+        self.dirpath = Path(dirpath)
+        self.stopped_at: int | None = None
+
+    def latest(self) -> str | None:
+        """The newest complete ``step-N.ckpt`` in `dirpath`, or None."""
+        found = [(int(m[1]), p) for p in self._entries() if (m := _STEP.fullmatch(p.name))]
+        return str(max(found)[1]) if found else None
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        # Lightning installed its handlers as fit began: on TERM it would end fit at the batch's
+        # end (SIGTERMException), before the ranks agree and checkpoint.
+        api.state().receiver.take_back()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
+        if self.stopped_at is not None or not api.should_stop():
+            return
+        step = trainer.global_step
+        final = self.dirpath / f"step-{step:08d}.ckpt"
+        tmp = self.dirpath / f".tmp-step-{step:08d}.ckpt"
+        if trainer.is_global_zero:
+            files.make_dirs(self.dirpath, durable=True)
+        trainer.save_checkpoint(tmp)  # every rank: its part of a sharded strategy, if any
+        trainer.strategy.barrier("slurmddp-stop-checkpoint")
+        if trainer.is_global_zero:
+            os.replace(tmp, final)
+            files.fsync_dir(self.dirpath)
+        trainer.strategy.barrier("slurmddp-stop-published")
+        self.stopped_at = step
+        trainer.should_stop = True
+
+    def _entries(self) -> list[Path]:
+        return list(self.dirpath.iterdir()) if self.dirpath.is_dir() else []
+
+
+def fit(trainer: Trainer, model: Any, *args: Any, dirpath: str | os.PathLike[str],
+        **kwargs: Any) -> None:  # fmt: skip
+    """`trainer.fit` resumed from the newest stop checkpoint in `dirpath`; on an agreed stop,
+    saved and requeued (does not return); at the end, the work marked done."""
+    taken = api.install()  # before Lightning looks for a handler of the stop signal
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if (signal.SIGUSR1 in taken and isinstance(environment, SLURMEnvironment)
+            and environment.auto_requeue and trainer.is_global_zero):  # fmt: skip
+        warn("the stop signal is USR1, which Lightning's SLURM auto-requeue also takes: "
+             "slurmddp's stop protocol handles it (checkpoint, then requeue), Lightning's "
+             "handler is not installed")
+    # Trainer sets its callbacks list in __init__ without declaring the attribute.
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    callback = next((c for c in callbacks if isinstance(c, StopProtocol)), None)
+    if callback is None:
+        callback = StopProtocol(dirpath)
+        callbacks.append(callback)
+    kwargs.setdefault("ckpt_path", callback.latest())
+    trainer.fit(model, *args, **kwargs)
+    if callback.stopped_at is not None:
+        api.requeue()
+    api.mark_done()
