@@ -18,7 +18,9 @@ _LAZY = {
     "init": "slurmddp.rank.process_group",
     "JobSpec": "slurmddp.batch.jobspec",
     "build_spec": "slurmddp.batch.jobspec",
-    "submit": "slurmddp.batch.submission",
+    "submit": "slurmddp.batch.executor",
+    "Executor": "slurmddp.batch.executor",
+    "JobFailedError": "slurmddp.errors",
     "should_stop": "slurmddp.preemption.api",
     "requeue": "slurmddp.preemption.api",
     "mark_done": "slurmddp.preemption.api",
@@ -27,14 +29,16 @@ _LAZY = {
 }
 
 __all__ = [
-    "Checkpointer", "DistEnv", "EnvError", "JobSpec", "ResumableDistributedSampler", "__version__",
-    "bootstrap", "build_spec", "init", "mark_done", "requeue", "resolve", "should_stop", "submit",
+    "Checkpointer", "DistEnv", "EnvError", "Executor", "JobFailedError", "JobSpec",
+    "ResumableDistributedSampler", "__version__", "bootstrap", "build_spec", "init", "mark_done",
+    "requeue", "resolve", "should_stop", "submit",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
+    from slurmddp.batch.executor import Executor, submit
     from slurmddp.batch.jobspec import JobSpec, build_spec
-    from slurmddp.batch.submission import submit
     from slurmddp.checkpoint import Checkpointer
+    from slurmddp.errors import JobFailedError
     from slurmddp.preemption.api import mark_done, requeue, should_stop
     from slurmddp.rank.bootstrap import bootstrap
     from slurmddp.rank.env import DistEnv, EnvError, resolve

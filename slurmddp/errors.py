@@ -83,6 +83,18 @@ class SubmissionError(SlurmddpError, RuntimeError):
     """sbatch refused the job or could not be run; the message says why."""
 
 
+class JobFailedError(SlurmddpError, RuntimeError):
+    """A function's job ended without a value: a rank raised (the message names the first, its
+    exception and its traceback), or the job ended before rank 0 returned."""
+
+    def __init__(self, message: str, *, rank: int | None = None, error: object = None,
+                 traceback: str = "") -> None:  # fmt: skip
+        super().__init__(message)
+        self.rank = rank  # the first rank that failed; None when no rank said why
+        self.error = error  # its exception, where it could be brought back
+        self.traceback = traceback  # its traceback, as the rank printed it
+
+
 def debug() -> bool:
     """Whether ``$SLURMDDP_DEBUG`` asks for tracebacks (set, and not empty or 0)."""
     return os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0")

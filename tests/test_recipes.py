@@ -14,7 +14,8 @@ file that command reads (a profile, a wrapper script) with its path::
     ...
     ```
 
-Each command runs as ``slurmddp`` in a subprocess, in a fresh sandbox that looks like Alice's
+Each command runs as ``slurmddp`` (or ``python FILE``, a program a file block gave, for the
+Python API) in a subprocess, in a fresh sandbox that looks like Alice's
 machine: the project directory /home/alice/project (the commands' working directory, holding every
 ``*.py`` the command names), HOME /home/alice, the files marked earlier in the same recipe, and no
 other configuration. A leading ``NAME=VALUE`` sets a variable; absolute paths in such values and
@@ -142,13 +143,20 @@ class Sandbox:
         while words and _ASSIGNMENT.match(words[0]):
             key, _, value = words.pop(0).partition("=")
             env[key] = str(self.path(value)) if value.startswith(("/", "~/")) else value
-        assert words[:1] == ["slurmddp"], f"a recipe command runs slurmddp, not {command!r}"
-        for arg in words[1:]:
-            if _SCRIPT_ARG.fullmatch(arg) and not self.path(arg).exists():
-                self.write(arg, "")  # the CLI checks that the script exists, nothing more
-        r = subprocess.run([sys.executable, "-c", BOOT, *words[1:]], cwd=self.project, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=120)  # fmt: skip
+        if words[:1] == ["python"]:
+            # A Python program the recipe gave in a file block, run for real (local jobs only:
+            # no cluster here). The jobs' ranks need no more than the CLI's threads.
+            argv = [sys.executable, *words[1:]]
+            env["OMP_NUM_THREADS"] = "1"
+        else:
+            assert words[:1] == ["slurmddp"], f"a recipe command runs slurmddp or python, not "\
+                                              f"{command!r}"  # fmt: skip
+            for arg in words[1:]:
+                if _SCRIPT_ARG.fullmatch(arg) and not self.path(arg).exists():
+                    self.write(arg, "")  # the CLI checks that the script exists, nothing more
+            argv = [sys.executable, "-c", BOOT, *words[1:]]
+        r = subprocess.run(argv, cwd=self.project, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
         out = r.stdout.replace(str(self.root), "").rstrip("\n")
         return (out + "\n" if out else ""), r.returncode  # the text as a fenced block holds it
 

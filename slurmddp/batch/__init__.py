@@ -8,5 +8,7 @@ shipped Jinja templates, quoting everything that reaches a shell; `sbatch` turns
 into the batch script (the protocol's names come from `slurmddp.protocol`); `snapshot` copies
 the job's code into its output directory, so that every run runs what was submitted;
 `submission` hands it to submitit (Slurm, or ``--local``, whose tasks `emulation` plays);
-`jobs` tracks submitted jobs: their files, states, logs, cancel and follow.
+`jobs` tracks submitted jobs: their files, states, logs, cancel and follow. `executor` submits a
+Python function as a job, in submitit's style (results, arrays, `Checkpointable`); `call` is what
+each of its ranks does with the function.
 """

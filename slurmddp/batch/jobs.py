@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-from slurmddp.errors import warn
+from slurmddp.errors import SubmissionError, warn
 from slurmddp.files import make_dirs
 
 # Slurm states after which a job will not run again by itself.
@@ -342,6 +343,20 @@ def controller_down() -> str | None:
         return None
     said = (ping.stdout + ping.stderr).strip().splitlines()  # "Slurmctld(primary) at H is DOWN"
     return f"scontrol ping: {said[0] if said else f'status {ping.returncode}'}"
+
+
+def cancel(records: Iterable[JobRecord], tasks: Iterable[str] = ()) -> None:
+    """Cancel these jobs (and these array tasks, ``JOB_I``): one scancel for all Slurm ones.
+    Raises SubmissionError with scancel's complaint."""
+    records = list(records)
+    slurm = [r.job_id for r in records if r.engine == "slurm"] + list(tasks)
+    if slurm:
+        done = subprocess.run(["scancel", *slurm], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SubmissionError(f"scancel failed: {done.stderr.strip()}")
+    for r in records:
+        if r.engine == "local" and local_state(r) == "RUNNING":
+            os.kill(int(r.job_id), signal.SIGTERM)  # submitit's controller passes it on
 
 
 def local_state(record: JobRecord) -> str:

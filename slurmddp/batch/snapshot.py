@@ -95,12 +95,17 @@ class Taken:
 # --- what to copy -------------------------------------------------------------------------------
 
 
-def plan(spec: JobSpec, cwd: str | os.PathLike[str] | None = None) -> Plan | None:
+def plan(spec: JobSpec, cwd: str | os.PathLike[str] | None = None,
+         code_from: str | os.PathLike[str] | None = None) -> Plan | None:
     """The snapshot `spec` asks for (None: a ``-m`` module not under the working directory, so
-    installed, with nothing here to copy). Raises `SnapshotError` when it is over the bounds."""
+    installed, with nothing here to copy). `code_from`: the directory the code is imported from when
+    the target is not the code (a Python function's job: `slurmddp.batch.executor`). Raises
+    `SnapshotError` when it is over the bounds."""
     # Real paths throughout, as git names its work tree, so that one is always inside the other.
     here = Path(os.path.realpath(cwd or os.getcwd()))
-    if spec.target[0] == "-m":
+    if code_from is not None:
+        base, script = Path(os.path.realpath(code_from)), None
+    elif spec.target[0] == "-m":
         top = spec.target[1].split(".")[0]
         if not ((here / top).is_dir() or (here / f"{top}.py").is_file()):
             return None
@@ -295,10 +300,12 @@ def preview(spec: JobSpec, cwd: str | os.PathLike[str] | None = None) -> JobSpec
     return _running(spec, p, Path(spec.output_dir) / SNAPSHOTS / h.hexdigest()[:DIGEST_CHARS])
 
 
-def take(spec: JobSpec, cwd: str | os.PathLike[str] | None = None) -> Taken:
-    """Snapshot the code of `spec` into its output directory (which must exist); the spec that
-    runs the snapshot. Raises `SnapshotError` (over the bounds, unreadable: nothing is left)."""
-    p = plan(spec, cwd)
+def take(spec: JobSpec, cwd: str | os.PathLike[str] | None = None,
+         code_from: str | os.PathLike[str] | None = None) -> Taken:
+    """Snapshot the code of `spec` (or of `code_from`: see `plan`) into its output directory (which
+    must exist); the spec that runs the snapshot. Raises `SnapshotError` (over the bounds,
+    unreadable: nothing is left)."""
+    p = plan(spec, cwd, code_from)
     if p is None:
         warn(f"-m {spec.target[1]} is not under the working directory, so no snapshot of it "
              "is taken: each run imports it as it is then")  # fmt: skip

@@ -52,7 +52,7 @@ class _TemplateExecutor(submitit.SlurmExecutor):
 
 
 def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] = (),
-           template: Path | None = None):
+           template: Path | None = None, code_from: Path | None = None):
     """Submit `spec` and return its submitit job handle (a SlurmJob, or a LocalJob when local).
 
     `template`: the user's batch script template, else the shipped one (a local job runs no
@@ -60,13 +60,14 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
     one per run.
     The handle gives state, paths and cancel; it has no result: the job is a program, not a
     pickled function. With `spec.snapshot` (and no `code_dir` yet) the job runs a snapshot of
-    its code taken here, first (`slurmddp.batch.snapshot`).
+    its code taken here, first (`slurmddp.batch.snapshot`): of `code_from` when given (the
+    directory a function's job imports it from), else of the target's.
     """
     created = _make_output_dir(Path(spec.output_dir))  # sbatch needs the batch log's directory
     taken = None
     try:
         if spec.snapshot and spec.code_dir is None:
-            taken = snapshot.take(spec)
+            taken = snapshot.take(spec, code_from=code_from)
             spec = taken.spec
         job = _submit_local(spec, signal_after) if local else _submit_slurm(spec, template)
     except (SubmissionError, UserError):

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from slurmddp.batch import jobs
-from slurmddp.errors import fail
+from slurmddp.errors import SubmissionError, fail
 
 
 def add_status(p: argparse.ArgumentParser) -> None:
@@ -80,14 +78,10 @@ def logs(opts: argparse.Namespace) -> int:
 
 def cancel(opts: argparse.Namespace) -> int:
     records = [_record(j, opts.prog) for j in opts.job]
-    slurm = [r.job_id for r in records if r.engine == "slurm"]
-    if slurm:
-        done = subprocess.run(["scancel", *slurm], capture_output=True, text=True)
-        if done.returncode != 0:
-            fail(f"scancel failed: {done.stderr.strip()}", prog=opts.prog, status=1)
-    for r in records:
-        if r.engine == "local" and jobs.local_state(r) == "RUNNING":
-            os.kill(int(r.job_id), signal.SIGTERM)  # submitit's controller passes it on
+    try:
+        jobs.cancel(records)
+    except SubmissionError as e:
+        fail(str(e), prog=opts.prog, status=1)
     print("cancelled " + " ".join(r.job_id for r in records))
     return 0
 
