@@ -9,6 +9,10 @@ from pathlib import Path
 from tests.conftest import tagged_json
 from tests.preemption.test_preemption_cluster import Job
 
+# How the cluster signals a preemption: our configuration (USR2 first, then TERM), and Slurm's
+# default (TERM alone), as most centres run it; what the batch log then names.
+SIGNALLING = [("standard", "USR2"), ("default-signal", "TERM")]
+
 
 def args(script: str, out: Path, out_flag: str, steps: int, step_time: float) -> list[str]:
     return ["--nodes", "2", "--ntasks-per-node", "1", "--env", "OMP_NUM_THREADS=1", script,

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import preempted_once
+from tests.integrations.preempted import SIGNALLING, preempted_once
 
 pytest.importorskip("accelerate")
 
@@ -46,8 +46,11 @@ def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
 
 
 @pytest.mark.cluster
-def test_a_preempted_accelerate_loop_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path):
-    preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir")
+@pytest.mark.parametrize(("variant", "signal"), SIGNALLING)
+def test_a_preempted_accelerate_loop_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path,
+                                                                        variant, signal):
+    with slurm_cluster.variant(variant):
+        preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir", signal=signal)
     out = tmp_path / "out"
     saved = [p.name for p in out.iterdir()]
     assert len(saved) == 1 and saved[0].startswith("step-"), saved

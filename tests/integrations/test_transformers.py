@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import preempted_once
+from tests.integrations.preempted import SIGNALLING, preempted_once
 
 pytest.importorskip("transformers")
 
@@ -33,9 +33,12 @@ def test_an_uninterrupted_run_ends_at_its_last_step(tmp_path):
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize(("variant", "signal"), SIGNALLING)
 def test_a_preempted_trainer_resumes_at_its_stop_and_ends_bitwise_identical(slurm_cluster,
-                                                                            tmp_path):
-    preempted_once(slurm_cluster, tmp_path, SCRIPT, "--output-dir")
+                                                                            tmp_path, variant,
+                                                                            signal):  # fmt: skip
+    with slurm_cluster.variant(variant):
+        preempted_once(slurm_cluster, tmp_path, SCRIPT, "--output-dir", signal=signal)
     out = tmp_path / "out"
     saved = [int(m[1]) for p in out.iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
     assert len(saved) == 1 and 30 <= saved[0] < 120, saved  # the stop's checkpoint, only
