@@ -53,19 +53,29 @@ class Pace(L.Callback):
             print(f"step {trainer.global_step} ", flush=True)
 
 
+def make_loader() -> StatefulDataLoader:
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    return StatefulDataLoader(data, batch_size=8, sampler=sampler)
+
+
+class Data(L.LightningDataModule):
+    def train_dataloader(self) -> StatefulDataLoader:
+        return make_loader()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--datamodule", action="store_true", help="the data from a LightningDataModule")
     opts = p.parse_args()
 
-    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
-    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = StatefulDataLoader(data, batch_size=8, sampler=sampler)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     trainer = L.Trainer(
         accelerator="cpu", strategy="ddp" if world > 1 else "auto", max_steps=opts.steps,
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -75,7 +85,10 @@ def main() -> int:
         enable_model_summary=False, callbacks=[Pace(opts.step_time, opts.log_every)],
     )  # fmt: skip
     model = Regression()
-    fit(trainer, model, loader, dirpath=opts.checkpoint_dir)
+    if opts.datamodule:
+        fit(trainer, model, datamodule=Data(), dirpath=opts.checkpoint_dir)
+    else:
+        fit(trainer, model, make_loader(), dirpath=opts.checkpoint_dir)
 
     flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()

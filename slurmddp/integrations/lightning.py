@@ -8,8 +8,11 @@ checkpoint, ``step-N.ckpt`` in `dirpath` (written under a hidden name, renamed o
 ends its loop, and the job is requeued; every run passes the newest one as ``ckpt_path``; the run
 that finishes calls `slurmddp.mark_done`. Lightning resumes mid-epoch only with a
 stateful data loader (``torchdata.stateful_dataloader.StatefulDataLoader``), whose position it
-keeps in the checkpoint; a plain DataLoader starts its epoch again. (Bitwise at 1 rank; not
-yet at 2, see README.md.)
+keeps in the checkpoint; a plain DataLoader starts its epoch again. The samplers of the loaders
+given to fit (or made by ``train_dataloader()``) are put back in the checkpoint's epoch before
+Lightning starts the resumed epoch, which it would otherwise draw in epoch 0's order (Lightning's
+issue #21938); a stop at an epoch's last batch is put off to the next batch, as Lightning
+resumed from there counts that epoch twice.
 
 Lightning's own SLURM auto-requeue (its SIGUSR1 handler) is left out, and said so, when the stop
 signal is USR1: slurmddp's handler is installed first, and Lightning adds its own only where none
@@ -36,16 +39,48 @@ _STEP = re.compile(r"step-(\d+)\.ckpt")
 
 
 class StopProtocol(Callback):
-    """Asks `slurmddp.should_stop` after every training batch; on a stop, saves and ends fit."""
+    """Asks `slurmddp.should_stop` after every training batch; on a stop, saves and ends fit.
 
-    def __init__(self, dirpath: str | os.PathLike[str]) -> None:
+    `loaders`: the training data loaders given to fit, whose samplers are put back in the
+    checkpoint's epoch as it is loaded (`on_load_checkpoint`); None: those the datamodule's (or
+    the model's) ``train_dataloader()`` makes.
+    """
+
+    def __init__(self, dirpath: str | os.PathLike[str], loaders: Any = None) -> None:
         self.dirpath = Path(dirpath)
+        self.loaders = loaders
         self.stopped_at: int | None = None
+        self.deferred = False  # the stop was put off by a batch (see on_train_batch_end)
 
     def latest(self) -> str | None:
         """The newest complete ``step-N.ckpt`` in `dirpath`, or None."""
         found = [(int(m[1]), p) for p in self._entries() if (m := _STEP.fullmatch(p.name))]
         return str(max(found)[1]) if found else None
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: Any,
+                           checkpoint: dict[str, Any]) -> None:  # fmt: skip
+        # Lightning (2.5.3 and later, its issue #21938) creates the resumed epoch's iterator
+        # before it sets the samplers' epoch: a DistributedSampler would then replay epoch 0's
+        # order for the rest of the resumed epoch, and the run would not be the one it resumes.
+        # This runs before that iterator exists: the loaders given to fit are set now, those a
+        # train_dataloader() makes as it makes them.
+        try:
+            epoch = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+        except (KeyError, TypeError):
+            return
+        if self.loaders is not None:
+            _set_epoch(self.loaders, epoch)
+            return
+        source = getattr(trainer, "datamodule", None) or pl_module
+        make = getattr(source, "train_dataloader", None)
+        if callable(make):
+
+            def train_dataloader() -> Any:
+                loaders = make()
+                _set_epoch(loaders, epoch)
+                return loaders
+
+            source.train_dataloader = train_dataloader  # this instance, for this fit
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         # Lightning installed its handlers as fit began: on TERM it would end fit at the batch's
@@ -55,6 +90,13 @@ class StopProtocol(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip
         if self.stopped_at is not None or not api.should_stop():
+            return
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and not self.deferred:
+            # Resumed from an epoch's last batch, Lightning counts that epoch twice (the next
+            # run's epoch numbers, so its samplers' order, are one ahead): stop after the next
+            # batch instead, inside the next epoch (should_stop stays True). Once only: with one
+            # batch an epoch, every batch is the last.
+            self.deferred = True
             return
         step = trainer.global_step
         final = self.dirpath / f"step-{step:08d}.ckpt"
@@ -91,8 +133,31 @@ def fit(trainer: Trainer, model: Any, *args: Any, dirpath: str | os.PathLike[str
     if callback is None:
         callback = StopProtocol(dirpath)
         callbacks.append(callback)
+    if callback.loaders is None:
+        callback.loaders = kwargs.get("train_dataloaders", args[0] if args else None)
     kwargs.setdefault("ckpt_path", callback.latest())
     trainer.fit(model, *args, **kwargs)
     if callback.stopped_at is not None:
         api.requeue()
     api.mark_done()
+
+
+def _set_epoch(loaders: Any, epoch: int) -> None:
+    for sampler in _samplers(loaders):
+        sampler.set_epoch(epoch)
+
+
+def _samplers(loaders: Any) -> list[Any]:
+    """The samplers with a set_epoch among `loaders` (a loader, or a list, tuple or dict of
+    them), each once."""
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    elif not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+    found: dict[int, Any] = {}
+    for loader in loaders:
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        for sampler in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
+            if callable(getattr(sampler, "set_epoch", None)):
+                found[id(sampler)] = sampler
+    return list(found.values())

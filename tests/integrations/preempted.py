@@ -21,16 +21,16 @@ def args(script: str, out: Path, out_flag: str, steps: int, step_time: float) ->
 
 def preempted_once(cluster, tmp_path: Path, script: str, out_flag: str, steps: int = 120,
                    submit: tuple[str, ...] = (), signal: str = "USR2",
-                   bitwise: bool = True) -> Job:
-    """Run `script` uninterrupted and preempted once (`submit`: more options, `signal`: what
-    the batch log says stopped it); check the second against the first (its parameters too,
-    unless not `bitwise`) and return it (its output: tmp_path / "out")."""
+                   preempt_at: int = 30) -> Job:
+    """Run `script` uninterrupted and preempted once, once it logged step `preempt_at`
+    (`submit`: more options, `signal`: what the batch log says stopped it); check the second
+    against the first, parameters bit for bit, and return it (its output: tmp_path / "out")."""
     reference = Job(cluster, tmp_path, [*submit, *args(script, tmp_path / "ref", out_flag, steps,
                                                        0)])  # fmt: skip
     job = Job(cluster, tmp_path, [*submit, *args(script, tmp_path / "out", out_flag, steps, 0.1)])
     end = reference.wait_end()
     assert end["JobState"] == "COMPLETED", reference.batch_log
-    job.wait_for_log(r"step 30 ")
+    job.wait_for_log(rf"step {preempt_at} ")
     job.preempt()
     end = job.wait_end()
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", job.batch_log
@@ -43,7 +43,5 @@ def preempted_once(cluster, tmp_path: Path, script: str, out_flag: str, steps: i
     expected = [x for r in range(2) for x in tagged_json(reference.log(r), "RESULT ")]
     assert len(results) == 2 and {x["steps"] for x in results} == {steps}
     assert len({x["digest"] for x in results}) == 1, results  # every rank the same model
-    if bitwise:
-        assert {x["digest"] for x in results} == {x["digest"] for x in expected}, (results,
-                                                                                    expected)
+    assert {x["digest"] for x in results} == {x["digest"] for x in expected}, (results, expected)
     return job
