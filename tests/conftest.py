@@ -36,14 +36,21 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+# Which Slurm the cluster tests run on: scripts/slurm-cluster reads the same variable (22.05 on
+# this host, 24.11 in a Debian trixie root whose commands come first on PATH).
+SLURM_VERSION = os.environ.get("SLURMDDP_SLURM", "22.05")
+
+
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     """The running local cluster: where its config lives, and helpers to run steps on it."""
 
     slurm_conf: str
+    path: str = os.environ.get("PATH", "")  # with the version's Slurm commands first
+    version: str = SLURM_VERSION
 
     def env(self, **extra: str) -> dict[str, str]:
-        return launcher_free_env(SLURM_CONF=self.slurm_conf, **extra)
+        return launcher_free_env(SLURM_CONF=self.slurm_conf, PATH=self.path) | extra
 
     def run(self, argv: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
         """Run a Slurm client command (srun, sbatch, scontrol...) and capture its output."""
@@ -83,10 +90,16 @@ def slurm_cluster() -> Cluster:
     up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=900)
     if up.returncode != 0:
         pytest.fail(f"the local Slurm cluster did not come up:\n{up.stdout}\n{up.stderr}")
-    env_out = subprocess.run([str(CLUSTER_SCRIPT), "env"], capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
-    conf = env_out.strip().split("SLURM_CONF=", 1)[1].strip().strip("'\"")
-    return Cluster(slurm_conf=conf)
+    return Cluster(*cluster_env())
+
+
+def cluster_env() -> tuple[str, str]:
+    """SLURM_CONF and PATH as `scripts/slurm-cluster env` sets them."""
+    shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf "%s\\n%s" '
+                            '"$SLURM_CONF" "$PATH"'], capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    conf, path = shown.split("\n", 1)
+    return conf, path
 
 
 @pytest.fixture(scope="session")

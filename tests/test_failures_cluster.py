@@ -108,6 +108,7 @@ def failure_jobs(slurm_cluster, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("case", RANK_FAILURES)
+@pytest.mark.every_slurm
 def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, failure_jobs, case):
     job = failure_jobs[case]
     end = finished(slurm_cluster, job["job_id"])

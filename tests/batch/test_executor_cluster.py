@@ -32,6 +32,7 @@ def on_cluster(slurm_cluster, tmp_path, monkeypatch):
     return slurmddp.Executor(tmp_path / "jobs", nodes=2, ntasks_per_node=2, partition="debug")
 
 
+@pytest.mark.every_slurm
 def test_every_rank_of_two_nodes_runs_it_and_rank_0s_value_comes_back(on_cluster):
     job = on_cluster.submit(functions.all_reduce, 100.0)
     out = job.results(timeout=240)

@@ -541,6 +541,7 @@ HOSTILE_VALUE = "x 'y' \"z\" $HOME $(touch pwned)\nsecond line"
 
 
 @pytest.mark.cluster
+@pytest.mark.every_slurm
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_rendered_script_runs_on_the_cluster(slurm_cluster, tmp_path, launcher):
     """2 nodes x 2 ranks with plain `sbatch --wait`; every rank's log is where the layout says."""
@@ -582,6 +583,7 @@ NASTY_NAMES = ["a b", "it's", 'say "hi"', "a#b # c", "back\\slash\\", "$(touch p
 
 
 @pytest.mark.cluster
+@pytest.mark.every_slurm
 def test_sbatch_reads_directive_values_back_verbatim(slurm_cluster, tmp_path):
     """Job names and a --comment sbatch argument survive sbatch's own #SBATCH parsing."""
     jobs = tmp_path / "jobs"

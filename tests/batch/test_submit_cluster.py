@@ -34,6 +34,7 @@ def rank_results(job: dict, pattern: str = "rank-{}.log", count: int = 4) -> lis
                                                         "RESULT ")]  # fmt: skip
 
 
+@pytest.mark.every_slurm
 def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp_path):
     r = slurmddp(slurm_cluster, "submit", "--follow", "--json", "--nodes", "2",
                  "--ntasks-per-node", "2", TRAIN, "--steps", "6", cwd=tmp_path)  # fmt: skip

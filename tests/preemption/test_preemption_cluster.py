@@ -120,7 +120,10 @@ VARIANTS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+# Our cluster's signalling and Slurm's default run on Slurm 24.11 too (scripts/test's second pass).
+@pytest.mark.parametrize("variant", [
+    pytest.param(v, marks=[pytest.mark.every_slurm] if v in ("standard", "default-signal") else [])
+    for v in VARIANTS])  # fmt: skip
 def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path, variant,
                                                             reference_digest):  # fmt: skip
     with slurm_cluster.variant(variant):
@@ -137,7 +140,13 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
     print(f"{variant}: uninterrupted: {reference_digest}\npreempted x2:  "
           f"{ {x['digest'] for x in job.results()} }")  # fmt: skip
     assert end["JobState"] == "COMPLETED", job.batch_log
-    assert int(end["Restarts"]) == 2
+    if int(end["Restarts"]) == 3 and slurm_cluster.version == "24.11":
+        # Slurm 24.11 may requeue once more a preempted job the batch shell requeued (README,
+        # "Slurm versions"): that run finds the work done and ends before its step.
+        assert job.batch_log.endswith("finished its work in an earlier run: not run again\n"), (
+            job.batch_log)
+    else:
+        assert int(end["Restarts"]) == 2, job.batch_log
     stops = [int(s) for s in re.findall(r"stopped at step (\d+)", log)]
     resumes = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
     assert len(stops) == 2 and resumes == stops, log  # each run went on where the last stopped
@@ -152,6 +161,7 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
     assert "(restart 2)" in batch and "never called slurmddp.should_stop()" not in batch
 
 
+@pytest.mark.every_slurm
 def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, tmp_path,
                                                        reference_digest):  # fmt: skip
     # One minute per run, warned 40 s before its end: slurmctld looks every 30 s or so, so the

@@ -10,19 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from slurmddp.rank.hostlist import compress, expand
+from tests.conftest import SLURM_VERSION
 from tests.rank.test_hostlist import COMPRESS_CASES, EXPAND_CASES, MALFORMED, host_lists, nodelists
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.every_slurm]
 
 # About 6 ms per example (one scontrol run): the two fuzz tests take under 10 s together.
 FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-# Malformed input that Slurm 22.05 does not refuse, with what it prints instead; everything
-# else in MALFORMED it refuses as we do.
-SLURM_REPAIRS = {
-    "n[1-": ["n]"],
-    "n[1-2": ["n]"],
-    "a[1]b[2": ["a[1]b]"],
+# Malformed input that Slurm does not refuse, with what it prints instead, by version;
+# everything else in MALFORMED it refuses as we do.
+_REPAIRED_BY_BOTH = {
     "n1]": ["n1]"],
     "]n[1-2]": ["]n1", "]n2"],
     "n]": ["n]"],
@@ -33,6 +31,13 @@ SLURM_REPAIRS = {
     "n[1, 2]": ["n1", "n02"],
     "n1\nn2": ["n1", "n2"],  # one host, printed with its newline
 }
+SLURM_REPAIRS = {
+    # An unclosed bracket: 22.05 prints a mangled name, 24.11 refuses it.
+    "22.05": {**_REPAIRED_BY_BOTH, "n[1-": ["n]"], "n[1-2": ["n]"], "a[1]b[2": ["a[1]b]"]},
+    # Brackets inside or after a range: 24.11 keeps them in the names, 22.05 refuses them.
+    "24.11": {**_REPAIRED_BY_BOTH, "n[1-2]]": ["n1]", "n2]"], "n[[1]]": ["n[1]"],
+              "n[1[2]]": ["n[12]"]},
+}[SLURM_VERSION]
 
 
 def hostnames(cluster, nodelist: str) -> list[str] | None:
@@ -73,9 +78,9 @@ def test_malformed_is_refused_or_repaired_by_slurm(slurm_cluster, nodelist, reas
 
 
 def test_suffix_after_last_group(slurm_cluster):
-    # Slurm 22.05 refuses a suffix; 23.02.5 and later expand it as we do.
+    # Slurm 22.05 refuses a suffix; 23.02.5 and later (24.11 here) expand it as we do.
     slurm = hostnames(slurm_cluster, "node[1-2]-ib")
-    assert slurm in (None, expand("node[1-2]-ib"))
+    assert slurm == (None if SLURM_VERSION == "22.05" else expand("node[1-2]-ib"))
 
 
 @FUZZ

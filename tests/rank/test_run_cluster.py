@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections import Counter, defaultdict
 
 import pytest
@@ -48,6 +49,7 @@ def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
     assert probes[0]["env"]["MASTER_ADDR"] == nodes[0]
 
 
+@pytest.mark.every_slurm
 @pytest.mark.parametrize(("n_nodes", "n_tasks"), [(4, 8), (3, 5)], ids=["N4n8", "N3n5-uneven"])
 def test_srun_places_every_rank(slurm_cluster, python, n_nodes, n_tasks):
     r = slurm_cluster.srun([f"-N{n_nodes}", f"-n{n_tasks}"],
@@ -95,6 +97,7 @@ def test_arbitrary_distribution_takes_the_master_from_the_host_file(slurm_cluste
     assert all(p["all_reduce"] == 10 for p in probes)
 
 
+@pytest.mark.every_slurm
 def test_torchrun_per_node_under_srun(slurm_cluster, python):
     port = 29777
     torchrun = [python, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
@@ -146,6 +149,7 @@ def test_doctor_shows_sources(slurm_cluster, python):
 # ---- MPI launchers on the cluster ----------------------------------------------------------
 
 
+@pytest.mark.every_slurm
 @pytest.mark.mpi
 @pytest.mark.parametrize("plugin", ["pmix", "pmi2"])
 def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, plugin):
@@ -194,6 +198,7 @@ def test_mpirun_round_robin_or_uneven_over_nodes(slurm_cluster, python, tmp_path
     check_probes(probes, len(probes), ["n1", "n2"])
 
 
+@pytest.mark.every_slurm
 def test_launcher_variables_left_in_an_salloc_shell_are_named_in_one_line(slurm_cluster, python):
     # RANK and WORLD_SIZE exported by hand (a torchrun tried earlier) contradict the step.
     env = slurm_cluster.env(RANK="0", WORLD_SIZE="4", MASTER_ADDR="localhost")
@@ -201,3 +206,27 @@ def test_launcher_variables_left_in_an_salloc_shell_are_named_in_one_line(slurm_
     assert r.returncode != 0
     assert "are set, but this process is task" in r.stderr, r.stderr
     assert "left over from another launch" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.every_slurm
+def test_in_an_interactive_step_a_script_is_one_process_and_srun_places_every_rank(
+    slurm_cluster, python, tmp_path
+):
+    """Sites that set LaunchParameters=use_interactive_step give salloc's shell a job step of its
+    own (SLURM_STEP_ID 4294967290, SLURM_PROCID 0, one task) inside the job's allocation
+    (SLURM_NTASKS 4): a script run there is one process, not rank 0 of four waiting for three
+    others; srun from that shell places all four ranks."""
+    # srun's stdin from /dev/null: it would take the "exit" typed after it.
+    typed = (f"{python} -m slurmddp.run {PROBE}\n"
+             f"srun {python} -m slurmddp.run {PROBE} </dev/null\nexit\n")  # fmt: skip
+    with slurm_cluster.variant("interactive-step"):
+        # salloc starts the interactive step only for a shell on a terminal.
+        r = subprocess.run(["script", "-qc", "salloc -N2 --ntasks-per-node=2", "/dev/null"],
+                           input=typed, env=slurm_cluster.env(), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=180)  # fmt: skip
+    probes = tagged_json(r.stdout, "PROBE ")
+    assert len(probes) == 5, r.stdout + r.stderr
+    alone, ranks = probes[0], probes[1:]
+    assert alone["env"]["SLURM_STEP_ID"] == "4294967290" and alone["env"]["SLURM_NTASKS"] == "4"
+    assert (alone["rank"], alone["world_size"], alone["all_reduce"]) == (0, 1, 1)
+    check_probes(sorted(ranks, key=lambda p: p["rank"]), 4, NODES[:2])
