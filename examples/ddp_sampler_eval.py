@@ -85,7 +85,9 @@ def main() -> None:
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # after a resume, keeps the restored position in this epoch
         ddp.train()
+        trained = False  # resumed at the very end of an epoch, this run trains none of it
         for x, y in loader:
+            trained = True
             loss = torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
             optimizer.zero_grad()
             loss.backward()  # DDP averages the gradients over all ranks here
@@ -106,7 +108,8 @@ def main() -> None:
                 x, y = val_set.tensors
                 val_loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).item()
             model.train()
-            log(f"epoch {epoch}: train loss {loss.item():.4f}, validation loss {val_loss:.4f}")
+            train = f"train loss {loss.item():.4f}, " if trained else ""
+            log(f"epoch {epoch}: {train}validation loss {val_loss:.4f}")
         ckpt.save(step, state(epoch + 1))  # the end of an epoch is a checkpoint too
     slurmddp.mark_done()  # a late stop signal can no longer requeue a finished job
 

@@ -255,9 +255,10 @@ def test_lightning_or_accelerate_says_why_it_does_nothing_without_them(tmp_path)
 
 
 def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_path):
-    # 20 steps an epoch: the ranks agree at steps 1, 2, 4, 8, 16, 26, 36... (at 0.1 s a step),
-    # so the stop falls inside an epoch, and the resumed run starts mid-epoch.
-    args = ["--epochs", "3", "--samples", "640", "--batch-size", "16"]
+    # 40 steps an epoch at 0.1 s a step, the stop signal 4 s into the run (whose first seconds
+    # import torch): the stop falls inside the first epoch, never at its end, and the resumed
+    # run starts mid-epoch. (With 20 steps an epoch, a stop once fell on the epoch's last step.)
+    args = ["--epochs", "3", "--samples", "1280", "--batch-size", "16"]
     ref = launch(tmp_path, "ddp_sampler_eval.py", *args,
                  "--checkpoint-dir", str(tmp_path / "ref-ckpt")).check()  # fmt: skip
     # Evaluation and logging on rank 0 only: one line per epoch there, nothing on rank 1.
@@ -277,7 +278,7 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     stop = re.search(r"^stopped at step (\d+) \(epoch (\d+), sample (\d+)\)$", rank0, re.M)
     assert stop, rank0
     step, epoch, sample = stop.groups()
-    assert int(step) < 60 and 0 < int(sample) < 640, rank0
+    assert int(step) < 40 and 0 < int(sample) < 1280, rank0
     assert f"resumed from step-{int(step):08d}: epoch {epoch}, sample {sample}" in rank0
     assert "epoch" not in (tmp_path / "logs" / f"{job}_1_log.out").read_text()
     result = tagged_json(rank0, "RESULT ")[-1]
