@@ -46,7 +46,7 @@ class Cluster:
     """The running local cluster: where its config lives, and helpers to run steps on it."""
 
     slurm_conf: str
-    path: str = os.environ.get("PATH", "")  # with the version's Slurm commands first
+    path: str  # with the version's Slurm commands first
     version: str = SLURM_VERSION
 
     def env(self, **extra: str) -> dict[str, str]:

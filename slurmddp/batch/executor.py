@@ -368,9 +368,7 @@ def code_home(fn: Callable[..., Any]) -> Path | None:
     """The directory `fn`'s module is imported from when it is the user's own code (None when
     installed, or pickled whole): what the job snapshots and puts first on sys.path. For a
     notebook's or an interactive session's ``__main__``, the working directory."""
-    obj: Any = fn
-    while isinstance(obj, functools.partial):
-        obj = obj.func
+    obj = _unwrapped(fn)
     if inspect.ismethod(obj):
         obj = obj.__func__
     if not (inspect.isfunction(obj) or inspect.isclass(obj)):
@@ -400,10 +398,15 @@ def _default_folder() -> str:
     return str(default)
 
 
+def _unwrapped(fn: Callable[..., Any]) -> Any:
+    """`fn` without its functools.partial layers."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
 def _job_name(fn: Callable[..., Any]) -> str:
-    obj: Any = fn
-    while isinstance(obj, functools.partial):
-        obj = obj.func
+    obj = _unwrapped(fn)
     name = getattr(obj, "__name__", None) or type(obj).__name__
     return re.sub(r"[^\w.-]", "_", name) or "function"
 
