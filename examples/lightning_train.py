@@ -53,12 +53,12 @@ class Pace(L.Callback):
             print(f"step {trainer.global_step} ", flush=True)
 
 
-def make_loader() -> StatefulDataLoader:
+def make_loader(workers: int = 0) -> StatefulDataLoader:
     x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
     data = TensorDataset(x, x.sum(dim=1, keepdim=True))
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    return StatefulDataLoader(data, batch_size=8, sampler=sampler)
+    return StatefulDataLoader(data, batch_size=8, sampler=sampler, num_workers=workers)
 
 
 class Data(L.LightningDataModule):
@@ -73,6 +73,7 @@ def main() -> int:
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--datamodule", action="store_true", help="the data from a LightningDataModule")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     opts = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -88,7 +89,7 @@ def main() -> int:
     if opts.datamodule:
         fit(trainer, model, datamodule=Data(), dirpath=opts.checkpoint_dir)
     else:
-        fit(trainer, model, make_loader(), dirpath=opts.checkpoint_dir)
+        fit(trainer, model, make_loader(opts.workers), dirpath=opts.checkpoint_dir)
 
     flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()

@@ -49,6 +49,12 @@ def test_a_stop_saves_a_checkpoint_the_next_run_resumes_from_bitwise(tmp_path, r
     assert run(tmp_path, 100) == reference
 
 
+def test_a_loader_with_worker_processes_resumes_in_its_epoch_too(tmp_path, reference):
+    # Lightning's issue #21938 is about exactly this: workers prefetch as the iterator is made.
+    assert run(tmp_path, 100, 90, "--workers", "2") == []
+    assert run(tmp_path, 100, None, "--workers", "2") == reference
+
+
 def test_a_datamodules_loader_resumes_in_its_epoch_too(tmp_path, reference):
     assert run(tmp_path, 100, 90, "--datamodule") == []
     assert run(tmp_path, 100, None, "--datamodule") == reference
