@@ -219,10 +219,12 @@ def test_in_an_interactive_step_a_script_is_one_process_and_srun_places_every_ra
     # srun's stdin from /dev/null: it would take the "exit" typed after it.
     typed = (f"{python} -m slurmddp.run {PROBE}\n"
              f"srun {python} -m slurmddp.run {PROBE} </dev/null\nexit\n")  # fmt: skip
+    # The step runs $SHELL (InteractiveStepOptions' default): a login always has one, CI may not.
+    env = slurm_cluster.env(SHELL="/bin/bash")
     with slurm_cluster.variant("interactive-step"):
         # salloc starts the interactive step only for a shell on a terminal.
         r = subprocess.run(["script", "-qc", "salloc -N2 --ntasks-per-node=2", "/dev/null"],
-                           input=typed, env=slurm_cluster.env(), cwd=tmp_path,
+                           input=typed, env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=180)  # fmt: skip
     probes = tagged_json(r.stdout, "PROBE ")
     assert len(probes) == 5, r.stdout + r.stderr
