@@ -1,6 +1,7 @@
-"""Steady-state overhead of the stop protocol: steps per second of a small DDP loop (2 ranks,
-gloo) under ``python -m slurmddp.run`` calling ``should_stop()`` every step, against the same
-loop started with env:// by hand and no check.
+"""Steady-state overhead of the stop protocol and the hang watchdog: steps per second of a small
+DDP loop (2 ranks, gloo) under ``python -m slurmddp.run`` calling ``should_stop()`` every step,
+with the hang watchdog on as ``slurmddp submit`` has it (torch's flight recorder included),
+against the same loop started with env:// by hand and no check.
 
     python -m benchmarks.training_overhead [--steps 2000] [--repeats 5]
 """
@@ -12,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from benchmarks.table import Row, alternate, report
@@ -26,9 +28,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _steps_per_second(command: list[str]) -> float:
+def _steps_per_second(command: list[str], **extra: str) -> float:
     port = str(_free_port())
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))}
+    base |= extra
     procs = [
         subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
                          env=base | {"RANK": str(r), "WORLD_SIZE": str(WORLD),
@@ -44,15 +47,17 @@ def _steps_per_second(command: list[str]) -> float:
 
 def run(steps: int = 2000, repeats: int = 5) -> list[Row]:
     n = str(steps)
+    hang_dir = tempfile.mkdtemp(prefix="slurmddp-bench-hang-")
     medians = alternate(
         {
             "ours": lambda: _steps_per_second(
-                [sys.executable, "-m", "slurmddp.run", PROGRAM, "--steps", n, "--check"]),
+                [sys.executable, "-m", "slurmddp.run", PROGRAM, "--steps", n, "--check"],
+                SLURMDDP_HANG_DIR=hang_dir),
             "plain": lambda: _steps_per_second([sys.executable, PROGRAM, "--steps", n]),
         },
         repeats,
     )
-    return [Row("training", "steps/s, should_stop() every step", medians["ours"],
+    return [Row("training", "steps/s, should_stop() every step, hang watchdog on", medians["ours"],
                 medians["plain"], "steps/s", "env:// by hand, no check", ">= 0.98")]  # fmt: skip
 
 

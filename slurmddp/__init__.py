@@ -24,13 +24,15 @@ _LAZY = {
     "should_stop": "slurmddp.preemption.api",
     "requeue": "slurmddp.preemption.api",
     "mark_done": "slurmddp.preemption.api",
+    "heartbeat": "slurmddp.watchdog.progress",
     "Checkpointer": "slurmddp.checkpoint",
     "ResumableDistributedSampler": "slurmddp.training.sampler",
 }
 
 __all__ = [
     "Checkpointer", "DistEnv", "EnvError", "Executor", "JobFailedError", "JobSpec",
-    "ResumableDistributedSampler", "__version__", "bootstrap", "build_spec", "init", "mark_done",
+    "ResumableDistributedSampler", "__version__", "bootstrap", "build_spec", "heartbeat", "init",
+    "mark_done",
     "requeue", "resolve", "should_stop", "submit",
 ]  # fmt: skip
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from slurmddp.rank.env import DistEnv, EnvError, resolve
     from slurmddp.rank.process_group import init
     from slurmddp.training.sampler import ResumableDistributedSampler
+    from slurmddp.watchdog.progress import heartbeat
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,10 @@ DEBUG_VAR: Final = "SLURMDDP_DEBUG"  # set (not 0): errors come with their trace
 SIGNAL_VAR: Final = "SLURMDDP_SIGNAL"  # the stop signal's name (USR2, USR1)
 SIGNAL_LEAD_VAR: Final = "SLURMDDP_SIGNAL_LEAD"  # seconds before the time limit it comes
 MAX_REQUEUES_VAR: Final = "SLURMDDP_MAX_REQUEUES"  # requeues the stop protocol may ask for
+# The hang watchdog (slurmddp.watchdog): seconds without progress before the job is judged hung
+# (0: no watchdog), and the directory of its files (set: the watchdog runs).
+HANG_TIMEOUT_VAR: Final = "SLURMDDP_HANG_TIMEOUT"
+HANG_DIR_VAR: Final = "SLURMDDP_HANG_DIR"
 # The job's code snapshot (slurmddp.batch.snapshot): the runner imports `-m` targets from it first.
 CODE_DIR_VAR: Final = "SLURMDDP_CODE_DIR"
 
@@ -44,6 +48,7 @@ STATE_FILES: Final = (
     (ASKED_FILE_VAR, "asked"),
     (STOP_FILE_VAR, "stop"),
     (FAILURE_FILE_VAR, "failures"),
+    (HANG_DIR_VAR, "hang"),  # a directory: the watchdog's stacks, report and per-run state
 )
 
 # -- exit statuses ------------------------------------------------------------------------------
@@ -54,6 +59,8 @@ USAGE_ERROR: Final = 2  # bad input: one line says what and what to do
 # Stopped for good without finishing (no requeue left, or nothing requeues it): EX_TEMPFAIL,
 # "try again later", which is what submitting again from the checkpoint does.
 NOT_REQUEUED_STATUS: Final = 75
+# A rank the hang watchdog ended (coreutils' `timeout` status: no progress in time).
+HANG_STATUS: Final = 124
 # submitit's LocalExecutor starts the tasks again when one exits with this status.
 LOCAL_REQUEUE_STATUS: Final = 144
 
@@ -62,6 +69,7 @@ LOCAL_REQUEUE_STATUS: Final = 144
 DEFAULT_SIGNAL: Final = "USR2"
 DEFAULT_SIGNAL_LEAD_S: Final = 120
 DEFAULT_MAX_REQUEUES: Final = 3
+DEFAULT_HANG_TIMEOUT_S: Final = 600
 # A signal srun gets in its first moments kills it or is dropped (docs/slurm-behaviour.md, Q6):
 # the batch shell passes the stop signal on no sooner than this many seconds after starting srun.
 SRUN_SETTLE_S: Final = 2

@@ -106,6 +106,7 @@ class JobSpec:
     signal_lead: int = DEFAULTS["signal_lead"]
     requeue: bool = True
     max_restarts: int = DEFAULTS["max_restarts"]
+    hang_timeout: int = DEFAULTS["hang_timeout"]
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
     rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
     snapshot: bool = DEFAULTS["snapshot"]
@@ -267,6 +268,7 @@ def _check_launch(spec: JobSpec) -> None:
                 "it with launcher srun"
             )
     _check_count("max_restarts", spec.max_restarts)
+    _check_count("hang_timeout", spec.hang_timeout)
     if spec.max_restarts and spec.launcher != "torchrun":
         raise SpecError(
             f"max_restarts={spec.max_restarts} needs launcher torchrun (srun does not restart "
@@ -418,7 +420,8 @@ def build_spec(
     ntasks = v["ntasks_per_node"]
     as_given = ("gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint",
                 "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
-                "signal_lead", "snapshot", "snapshot_max_mib", "snapshot_max_files")  # fmt: skip
+                "signal_lead", "hang_timeout", "snapshot", "snapshot_max_mib",
+                "snapshot_max_files")  # fmt: skip
     spec = JobSpec(
         target=target,
         job_name=_default_job_name(target) if v["job_name"] is None else v["job_name"],

@@ -25,7 +25,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from slurmddp.protocol import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, DEFAULT_SIGNAL_LEAD_S
+from slurmddp.protocol import (
+    DEFAULT_HANG_TIMEOUT_S,
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SIGNAL,
+    DEFAULT_SIGNAL_LEAD_S,
+)
 from slurmddp.rank.placement import BACKENDS
 
 __all__ = [
@@ -274,6 +279,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_requeues", "count", "requeues allowed after preemption",
            default=DEFAULT_MAX_REQUEUES),
     Option("max_restarts", "count", "torchrun's restarts of failed workers", default=0),
+    Option("hang_timeout", "count", "seconds in which no rank made progress (should_stop, "
+           "heartbeat) before the job is judged hung, its stacks written and the job ended; "
+           "0: no hang watchdog", default=DEFAULT_HANG_TIMEOUT_S),
     Option("launcher", "choice", "what starts the ranks (torchrun: one per node)",
            default="srun", choices=LAUNCHERS),
     Option("backend", "choice", "the process group's backend", default="auto", choices=BACKENDS),

@@ -95,6 +95,7 @@ def context(spec: JobSpec) -> dict[str, object]:
             (protocol.SIGNAL_VAR, spec.signal),
             (protocol.SIGNAL_LEAD_VAR, spec.signal_lead),
             (protocol.MAX_REQUEUES_VAR, spec.max_requeues if spec.requeue else 0),
+            (protocol.HANG_TIMEOUT_VAR, spec.hang_timeout),
         ),
         "rank_prefix": signals.ignoring(spec.signal),
         # The shipped template reads these from `p`; user templates written for them still work.

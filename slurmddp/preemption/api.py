@@ -50,6 +50,7 @@ from slurmddp.protocol import (
     NOT_REQUEUED_STATUS,
     REQUEUE_FILE_VAR,
 )
+from slurmddp.watchdog import progress
 
 __all__ = [
     "LOCAL_REQUEUE_STATUS", "NOT_REQUEUED_STATUS", "State", "install", "mark_done", "received",
@@ -81,6 +82,7 @@ class State:
 
     def should_stop(self, every: int | None = None, group: object = None) -> bool:
         """`should_stop`, for this state."""
+        progress.heartbeat()
         if not self.asked:
             self._first_call()
         if self.done:
@@ -106,6 +108,7 @@ class State:
     def mark_done(self) -> None:
         """`mark_done`, for this state."""
         self.done = True
+        progress.finish()
         self.install()  # a late signal must not end the process either
         self.agreement.close()
         path = os.environ.get(DONE_FILE_VAR)

@@ -14,6 +14,7 @@ The rules, first match wins:
 0. The shell (or rank 0) could not requeue the job as decided: if Slurm's record shows the
    requeue went through anyway (its answer was lost), nothing to do; otherwise the job stops.
 1. The ranks reached `mark_done()`: the work is done, whatever happened after.
+   The hang watchdog ended the run (`slurmddp.watchdog`): the job fails (its report says why).
 2. Slurm requeued the job already (a preemption with GraceTime=0 does at once; its Restarts
    count is then ahead of this run's): nothing to do.
 3. The job is marked not to be requeued (``scontrol update JobId=N Requeue=0``): it stops.
@@ -51,6 +52,7 @@ from slurmddp.protocol import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL,
     DEFAULT_SIGNAL_LEAD_S,
+    HANG_STATUS,
     MAX_REQUEUES_VAR,
     NOT_REQUEUED_STATUS,
     SIGNAL_LEAD_VAR,
@@ -87,6 +89,7 @@ class Facts:
     # The requeue a `requeue` verdict asked for failed: None (not tried, or it worked), else what
     # scontrol said (may be empty). `job` is then Slurm's record read after the attempt.
     requeue_error: str | None = None
+    hung: bool = False  # the hang watchdog ended the run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +109,10 @@ def decide(f: Facts) -> Decision:
     if f.done:
         return Decision("done" if f.step_status in (0, None) else "fail", f.step_status or 0,
                         notes)  # fmt: skip
+    if f.hung:
+        return Decision("fail", HANG_STATUS, (*notes, (
+            f"{_job(f)} ended at restart {f.restart}: the hang watchdog judged the run hung "
+            "(above: which ranks); not requeued")))
     if _requeued_already(f):
         # Slurm requeued it as it ended (a preemption with GraceTime=0 does, with no PreemptTime
         # to show for it): its count of restarts is ahead of this run's.
@@ -278,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--done", action="store_true", help="the ranks reached mark_done()")
     p.add_argument("--protocol-unused", action="store_true",
                    help="the script never called should_stop()")  # fmt: skip
+    p.add_argument("--hung", action="store_true", help="the hang watchdog ended the run")
     p.add_argument("--received", action="append", default=[], help="a signal the shell got")
     p.add_argument("--requeue-failed", action="store_true",
                    help="the requeue of the last verdict failed (stdin: the job after it)")
@@ -287,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            done=args.done, protocol_used=not args.protocol_unused,
                            received=tuple(dict.fromkeys(args.received)),
                            job=job_fields(sys.stdin.read()),
-                           requeue_error="" if args.requeue_failed else None)  # fmt: skip
+                           requeue_error="" if args.requeue_failed else None,
+                           hung=args.hung)  # fmt: skip
     except UserError as e:
         print(f"slurmddp: {one_line(e)}", file=sys.stderr)
         return USAGE_ERROR

@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 from slurmddp.errors import StartupError, UserError, warn
 from slurmddp.protocol import STARTUP_TIMEOUT_VAR as TIMEOUT_VARIABLE
 from slurmddp.rank import coordination
+from slurmddp.watchdog import progress as watchdog
 
 DEFAULT_TIMEOUT_S = 300.0
 _RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
@@ -233,6 +234,7 @@ def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any
     join(store, rank, world_size, limit, where, gpu=_gpu)
     store.set_timeout(timeout)
     coordination.record(store, rank, world_size)
+    watchdog.arm(rank, world_size)
     yield store, rank, world_size
     raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 

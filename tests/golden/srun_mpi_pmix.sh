@@ -25,12 +25,14 @@ export SLURMDDP_BACKEND=auto
 export SLURMDDP_SIGNAL=USR2
 export SLURMDDP_SIGNAL_LEAD=120
 export SLURMDDP_MAX_REQUEUES=3
+export SLURMDDP_HANG_TIMEOUT=600
 job_dir=/scratch/runs/"$SLURM_JOB_ID"
 export SLURMDDP_REQUEUE_FILE="$job_dir"/requeue
 export SLURMDDP_DONE_FILE="$job_dir"/done
 export SLURMDDP_ASKED_FILE="$job_dir"/asked
 export SLURMDDP_STOP_FILE="$job_dir"/stop
 export SLURMDDP_FAILURE_FILE="$job_dir"/failures
+export SLURMDDP_HANG_DIR="$job_dir"/hang
 # The code: its files as they are when each run starts (no snapshot of it was taken).
 restart=${SLURM_RESTART_COUNT:-0}
 
@@ -44,8 +46,10 @@ if [[ -e $SLURMDDP_DONE_FILE ]]; then
     echo "slurmddp: job $SLURM_JOB_ID finished its work in an earlier run: not run again"
     exit 0
 fi
-# An earlier run's (one killed before its decision leaves them behind).
+# An earlier run's (one killed before its decision leaves them behind); the hang watchdog's
+# stacks and report of an earlier run stay, its working state goes.
 rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE"
+rm -rf -- "$SLURMDDP_HANG_DIR/.state"
 
 # Signals are taken from here on, setup included: the stop signal would otherwise end this shell.
 # The step runs in the background so that this shell takes them while it waits (bash runs a trap
@@ -143,6 +147,11 @@ fi
 if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
 if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
 for sig in $received; do facts+=(--received "$sig"); done
+hung=0
+for verdict in "$SLURMDDP_HANG_DIR"/.state/*/verdict; do
+    if [[ -f $verdict ]]; then hung=1; cat -- "$verdict" >&2; fi  # which ranks hung, and where
+done
+if ((hung)); then facts+=(--hung); fi
 # The facts and Slurm's record of the job in; the verdict ACTION STATUS TARGET out.
 decide() {
     immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null \
@@ -154,7 +163,9 @@ case $action in
         : >"$SLURMDDP_DONE_FILE"  # a requeue racing this exit must not run the job again
         exit "$code" ;;
     done|stop) exit "$code" ;;
-    fail) summarise_failure; exit "$code" ;;
+    fail)
+        if ((!hung)); then summarise_failure; fi
+        exit "$code" ;;
     final)
         # A preempted job is requeued by Slurm itself unless it is told not to be.
         scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1

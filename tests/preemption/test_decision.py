@@ -81,6 +81,10 @@ CASES = [
      "the job is marked not to be requeued (Requeue=0)"),
     ("requeue-0-preempted", facts(asked="TERM", job=PREEMPTED | {"Requeue": "0"}), "stop", 75,
      "stopped (TERM) at restart 0: the job is marked not to be requeued"),
+    ("hung", facts(step_status=124, hung=True, job=RUNNING), "fail", 124,
+     "job 41 ended at restart 0: the hang watchdog judged the run hung (above: which ranks); "
+     "not requeued"),
+    ("hung-after-done", facts(step_status=0, hung=True, done=True), "done", 0, None),
     ("no-scontrol-answer", facts(asked="USR2", job={}), "requeue", 0, "(signal, USR2)"),
     # After a `requeue` verdict whose scontrol requeue failed, with the job as Slurm shows it then.
     ("requeue-refused", facts(asked="USR2", requeue_error="", job=RUNNING), "stop", 75,
