@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,15 +143,19 @@ def test_local_delivers_the_stop_signal_after_the_given_time(tmp_path, sig):
 def test_local_time_limit_warns_with_the_chosen_signal(tmp_path):
     # submitit's controller sends it signal_lead before its time-out, as Slurm does.
     script = tmp_path / "wait.py"
+    # Short sleeps: the handler runs in the main thread, which a long C call would hold.
     script.write_text(
         "import signal, time\n"
-        "signal.signal(signal.SIGUSR1, lambda *a: print('USR1', flush=True) or exit(0))\n"
-        "time.sleep(60)\n"
+        "start = time.monotonic()\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: print(f'USR1 after "
+        "{time.monotonic() - start:.0f} s', flush=True) or exit(0))\n"
+        "while time.monotonic() - start < 60: time.sleep(0.1)\n"
     )
-    argv = ["--local", "--follow", "--time", "1", "--signal-lead", "58", "--signal", "USR1"]
+    argv = ["--local", "--follow", "--time", "1", "--signal-lead", "55", "--signal", "USR1"]
     r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "USR1" in r.stdout
+    after = int(re.search(r"USR1 after (\d+) s", r.stdout)[1])
+    assert 3 <= after <= 15, r.stdout  # 60 - 55 s in, give or take the job's start
 
 
 def test_a_user_template_renders_with_the_same_variables_and_filters(tmp_path):
