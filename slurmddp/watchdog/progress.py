@@ -40,11 +40,6 @@ def heartbeat() -> None:
     _count += 1
 
 
-def count() -> int:
-    """The progress calls of this process so far."""
-    return _count
-
-
 def finish() -> None:
     """The work is done (`mark_done`): the watchdog judges this run no more."""
     if _reporter is not None:
@@ -95,8 +90,8 @@ class Reporter:
                 self.dump()
                 dumped = True
             if self.layout.end.exists():
-                print(f"slurmddp: rank {self.rank} ends: the hang watchdog judged the job hung "
-                      f"({self.layout.report})", file=sys.stderr, flush=True)  # fmt: skip
+                warn(f"rank {self.rank} ends: the hang watchdog judged the job hung "
+                     f"({self.layout.report})")
                 os._exit(HANG_STATUS)
 
     def dump(self) -> None:
