@@ -15,6 +15,7 @@ _LAZY = {
     "EnvError": "slurmddp.rank.env",
     "resolve": "slurmddp.rank.env",
     "bootstrap": "slurmddp.rank.bootstrap",
+    "run_id": "slurmddp.rank.identity",
     "init": "slurmddp.rank.process_group",
     "JobSpec": "slurmddp.batch.jobspec",
     "build_spec": "slurmddp.batch.jobspec",
@@ -33,7 +34,7 @@ __all__ = [
     "Checkpointer", "DistEnv", "EnvError", "Executor", "JobFailedError", "JobSpec",
     "ResumableDistributedSampler", "__version__", "bootstrap", "build_spec", "heartbeat", "init",
     "mark_done",
-    "requeue", "resolve", "should_stop", "submit",
+    "requeue", "resolve", "run_id", "should_stop", "submit",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from slurmddp.preemption.api import mark_done, requeue, should_stop
     from slurmddp.rank.bootstrap import bootstrap
     from slurmddp.rank.env import DistEnv, EnvError, resolve
+    from slurmddp.rank.identity import run_id
     from slurmddp.rank.process_group import init
     from slurmddp.training.sampler import ResumableDistributedSampler
     from slurmddp.watchdog.progress import heartbeat

@@ -79,6 +79,10 @@ class StartupError(SlurmddpError, RuntimeError):
     """The process group could not start; the message says why and what to do."""
 
 
+class NodeCheckError(SlurmddpError, RuntimeError):
+    """This node failed a check of its own (the preflight's): the job should leave it behind."""
+
+
 class SubmissionError(SlurmddpError, RuntimeError):
     """sbatch refused the job or could not be run; the message says why."""
 

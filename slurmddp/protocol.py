@@ -18,6 +18,9 @@ STARTUP_TIMEOUT_VAR: Final = "SLURMDDP_STARTUP_TIMEOUT"  # seconds a rank waits 
 MASTER_HOST_FORMAT_VAR: Final = "SLURMDDP_MASTER_HOST_FORMAT"  # rank 0's address, e.g. {host}-ib0
 PROFILES_VAR: Final = "SLURMDDP_PROFILES"  # the centre's profiles file
 DEBUG_VAR: Final = "SLURMDDP_DEBUG"  # set (not 0): errors come with their traceback
+# The run's id for trackers, the same in every requeue (slurmddp.rank.identity): exported by
+# every rank's bootstrap; one the user set wins (to chain jobs into one run).
+RUN_ID_VAR: Final = "SLURMDDP_RUN_ID"
 
 # -- the stop protocol's settings, exported by the batch script (or the local emulation) -------
 
@@ -38,6 +41,8 @@ DONE_FILE_VAR: Final = "SLURMDDP_DONE_FILE"  # rank 0: mark_done() reached
 ASKED_FILE_VAR: Final = "SLURMDDP_ASKED_FILE"  # rank 0: the script called should_stop()
 STOP_FILE_VAR: Final = "SLURMDDP_STOP_FILE"  # the shell: a stop signal came (for ranks starting)
 FAILURE_FILE_VAR: Final = "SLURMDDP_FAILURE_FILE"  # every rank that fails: one line each
+# The shell: each node left behind when the job was requeued, and why (`slurmddp status`).
+EXCLUDED_FILE_VAR: Final = "SLURMDDP_EXCLUDED_FILE"
 # The local emulation's restart counter, written by rank 0 when it asks submitit for a requeue.
 LOCAL_RESTART_FILE_VAR: Final = "SLURMDDP_LOCAL_RESTART_FILE"
 
@@ -48,6 +53,7 @@ STATE_FILES: Final = (
     (ASKED_FILE_VAR, "asked"),
     (STOP_FILE_VAR, "stop"),
     (FAILURE_FILE_VAR, "failures"),
+    (EXCLUDED_FILE_VAR, "excluded"),
     (HANG_DIR_VAR, "hang"),  # a directory: the watchdog's stacks, report and per-run state
 )
 
@@ -74,12 +80,16 @@ DEFAULT_HANG_TIMEOUT_S: Final = 600
 # the batch shell passes the stop signal on no sooner than this many seconds after starting srun.
 SRUN_SETTLE_S: Final = 2
 
+# The preflight's check, run on every node (``--preflight``) by python -m slurmddp.run -m.
+PREFLIGHT_MODULE: Final = "slurmddp.rank.preflight"
+
 # -- the decision the batch shell asks for after its step (slurmddp.preemption.decision) -------
 
 DECISION_MODULE: Final = "slurmddp.preemption.decision"  # run as python -m, prints a verdict
-# What the shell does with the verdict ``ACTION STATUS TARGET``: end with STATUS (done: the work
-# is finished; finished: the same, and the done marker is left for a later requeue to find),
-# requeue TARGET, stop (final: and tell Slurm not to requeue it), or fail (and explain why).
+# What the shell does with the verdict ``ACTION STATUS TARGET EXCLUDE LEFT_BEHIND``: end with
+# STATUS (done: the work is finished; finished: the same, and the done marker is left for a later
+# requeue to find), requeue TARGET (and set its ExcNodeList to EXCLUDE unless -), stop (final:
+# and tell Slurm not to requeue it), or fail.
 ACTIONS: Final = ("done", "finished", "requeue", "stop", "final", "fail")
 
 

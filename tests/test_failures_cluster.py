@@ -13,6 +13,10 @@
 |                        | that checkpoint                        | asks; latest checkpoint loads  |
 | slurmctld down         | submit and status, then it comes back  | one line, non-zero, nothing    |
 |                        |                                        | queued; then submit works      |
+| a broken node          | every rank on rank 2's node dies of    | requeued without that node, it |
+|                        | SIGBUS, in every run                   | completes; status says so      |
+| its preflight fails    | python dies of SIGBUS on the second    | requeued without it before any |
+|                        | node (--preflight)                     | training; it completes         |
 
 The jobs of one row run at once. Times are the issue's behaviour bounds, not benchmarks.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmddp.rank import hostlist
 from tests.batch.test_submit_cluster import slurmddp, submitted
 from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json, wait_until
 
@@ -322,3 +328,70 @@ def test_with_slurmctld_down_submit_and_status_say_so_in_one_line(slurm_cluster,
     assert f"{job['job_id']}  COMPLETED" in status.stdout  # accounting's answer, marked stale
     again = submit(slurm_cluster, tmp_path, "--env", "FAIL_MODE=none", PROGRAM)
     assert finished(slurm_cluster, again["job_id"])["State"] == "COMPLETED"
+
+
+# -- a broken node is left behind ----------------------------------------------------------------
+
+
+def runs(batch: str) -> list[list[str]]:
+    """The nodes of each run, from the batch shell's first line of each."""
+    return [hostlist.expand(nodes) for nodes in re.findall(r"^slurmddp: job \d+ \(restart \d+\) "
+                                                            r"on (\S+)$", batch, re.M)]
+
+
+def left_behind(cluster, job: dict, node: str, batch: str, cwd: Path) -> None:
+    """The requeued run did not land on `node`, and `slurmddp status` says why."""
+    assert [node in nodes for nodes in runs(batch)] == [True, False], batch
+    r = slurmddp(cluster, "status", job["job_id"], cwd=cwd)
+    assert f"left behind {node}: " in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.every_slurm
+def test_a_rank_on_a_broken_node_gets_the_job_requeued_without_it(slurm_cluster, tmp_path):
+    broken = tmp_path / "broken"
+    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--job-name",
+                 "broken-node", "--env", "FAIL_MODE=bus", "--env", "FAIL_RANK=2", "--env",
+                 f"BROKEN_FILE={broken}", PROGRAM)  # fmt: skip
+    end = finished(slurm_cluster, job["job_id"], timeout=240)
+    batch, ranks = logs(job)
+    node = broken.read_text()
+    assert end["State"] == "COMPLETED", batch
+    assert f"on {node} (Bus error)" in batch, batch  # srun's first failure, as the summary says
+    assert (f"failed at restart 0 because of node {node} (task" in batch
+            and f"requeued without it (1 of 3); the job now excludes {node}" in batch), batch
+    left_behind(slurm_cluster, job, node, batch, tmp_path)
+    assert len(events(ranks, "done")) == 4  # the second run, every rank
+
+
+PYTHON_BREAKING_ON_A_NODE = """#!/bin/bash
+# A python that dies of SIGBUS on one node, as a broken node's would: the second node of the first
+# run (named in $BROKEN_FILE), in that run and every later one. The batch shell's own python (the
+# decision) stays whole: only ranks (python -m slurmddp.run) break.
+if [[ " $* " == *" slurmddp.run "* ]]; then
+    if [[ ! -e $BROKEN_FILE && $SLURM_NODEID == 1 ]]; then
+        printf %s "$SLURMD_NODENAME" >"$BROKEN_FILE"
+    fi
+    if [[ -e $BROKEN_FILE && $(<"$BROKEN_FILE") == "$SLURMD_NODENAME" ]]; then kill -BUS $$; fi
+fi
+exec {python} "$@"
+"""
+
+
+def test_a_node_that_fails_the_preflight_is_left_behind_before_any_training(slurm_cluster,
+                                                                            tmp_path):
+    broken, wrapper = tmp_path / "broken", tmp_path / "python"
+    wrapper.write_text(PYTHON_BREAKING_ON_A_NODE.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--job-name",
+                 "preflight", "--preflight", "--python", str(wrapper), "--env",
+                 f"BROKEN_FILE={broken}", PROGRAM)  # fmt: skip
+    end = finished(slurm_cluster, job["job_id"], timeout=240)
+    batch, ranks = logs(job)
+    node = broken.read_text()
+    assert end["State"] == "COMPLETED", batch
+    assert ("the preflight failed with status" in batch and f"on {node} (Bus error)" in batch
+            and f"failed its preflight at restart 0 because of node {node}" in batch), batch
+    assert batch.count("slurmddp: preflight passed") == 1, batch  # the second run's
+    left_behind(slurm_cluster, job, node, batch, tmp_path)
+    # No training in the first run: each rank arrived once, in the second.
+    assert len(events(ranks, "arrived")) == len(events(ranks, "done")) == 4, ranks

@@ -284,6 +284,26 @@ def test_doctor_check_passes_on_nccl():
     assert "backend nccl" in r.stdout and "all checks passed" in r.stdout, r.stdout
 
 
+def test_the_preflight_passes_a_healthy_gpu_and_fails_a_wrong_product(monkeypatch):
+    from slurmddp.errors import NodeCheckError
+    from slurmddp.rank import preflight
+
+    assert preflight.check_gpus() == torch.cuda.device_count()
+    # A GPU that computes wrong: its products come back changed.
+    real = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t: real(t) + (1.0 if t.is_cuda else 0.0))
+    with pytest.raises(NodeCheckError, match=r"GPU 0 .* computed a wrong matrix product"):
+        preflight.check_gpus()
+
+
+def test_the_preflight_runs_under_the_runner_on_nccl():
+    r = subprocess.run([sys.executable, "-m", "slurmddp.run", "-m", "slurmddp.rank.preflight"],
+                       cwd=ROOT, env=rank_env(), capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "backend nccl" in r.stdout and "all checks passed" in r.stdout, r.stdout
+
+
 def test_the_checkpoint_benchmark_runs_from_gpu_memory():
     from benchmarks import checkpoint_write
 

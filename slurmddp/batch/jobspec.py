@@ -107,6 +107,7 @@ class JobSpec:
     requeue: bool = True
     max_restarts: int = DEFAULTS["max_restarts"]
     hang_timeout: int = DEFAULTS["hang_timeout"]
+    preflight: bool = DEFAULTS["preflight"]
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
     rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
     snapshot: bool = DEFAULTS["snapshot"]
@@ -420,7 +421,7 @@ def build_spec(
     ntasks = v["ntasks_per_node"]
     as_given = ("gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint",
                 "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
-                "signal_lead", "hang_timeout", "snapshot", "snapshot_max_mib",
+                "signal_lead", "hang_timeout", "preflight", "snapshot", "snapshot_max_mib",
                 "snapshot_max_files")  # fmt: skip
     spec = JobSpec(
         target=target,

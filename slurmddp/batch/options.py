@@ -282,6 +282,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("hang_timeout", "count", "seconds in which no rank made progress (should_stop, "
            "heartbeat) before the job is judged hung, its stacks written and the job ended; "
            "0: no hang watchdog", default=DEFAULT_HANG_TIMEOUT_S),
+    Option("preflight", "bool", "before training, prove every node (its GPUs, the collectives "
+           "across nodes); a node that fails is left behind and the job requeued at once",
+           default=False),
     Option("launcher", "choice", "what starts the ranks (torchrun: one per node)",
            default="srun", choices=LAUNCHERS),
     Option("backend", "choice", "the process group's backend", default="auto", choices=BACKENDS),

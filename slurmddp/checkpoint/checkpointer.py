@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,11 @@ class Checkpointer:
         self.verify = verify
         self._mode = modes.choose(layout.Directory(self.directory, keep), sharded=sharded,
                                   async_save=async_save)  # fmt: skip
+        self._started: tuple[int, float] | None = None  # the save in flight: step, start
+        # At start-up: the stop protocol's deadline leaves room for a save as long as the last.
+        saved = layout.read_save_time(self.directory)
+        if saved is not None:
+            _preemption().note_save(saved, warn_slow=True)
 
     def save(self, step: int, state: Mapping[str, Any]) -> None:
         """Write `state` as checkpoint `step` and point `latest` at it; collective.
@@ -82,7 +88,10 @@ class Checkpointer:
             raise CheckpointError(
                 refusal or f"checkpoint step {step} was refused on another rank: see its error"
             )
+        self._started = (step, time.monotonic())
         self._mode.save(step, state if isinstance(state, dict) else dict(state))
+        if not self.async_save:
+            self._saved()
 
     def wait(self) -> None:
         """Block until this Checkpointer's async save in flight (if any) is published, and old
@@ -92,6 +101,17 @@ class Checkpointer:
         each rank finishes its part of the write, then all ranks agree on the outcome.
         """
         self._mode.wait()
+        self._saved()
+
+    def _saved(self) -> None:
+        """The save in flight is published: keep how long it took, beside the checkpoints."""
+        if self._started is None:
+            return
+        (step, started), self._started = self._started, None
+        seconds = time.monotonic() - started
+        _preemption().note_save(seconds)
+        if ranks.leads():
+            layout.write_save_time(self.directory, step, round(seconds, 3))
 
     @property
     def latest_step(self) -> int | None:
@@ -122,3 +142,9 @@ class Checkpointer:
             return loading.load_sharded(self.directory, verify=self.verify, into=into)
         return loading.load_replicated(self.directory, verify=self.verify, into=into,
                                        map_location=map_location)  # fmt: skip
+
+
+def _preemption():  # the stop protocol's state, imported late: it is not needed to checkpoint
+    from slurmddp.preemption.api import state
+
+    return state()

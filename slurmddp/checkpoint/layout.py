@@ -6,6 +6,7 @@ complete checkpoint, whenever the writer is killed (see the package docstring).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -17,10 +18,12 @@ from slurmddp.checkpoint.background import Background
 from slurmddp.errors import CheckpointError, one_line, warn
 
 POINTER = "latest"
+# How long the last save took, from its start to its publication (the stop protocol's deadline).
+SAVE_TIME = "save-time.json"
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _PREV_DIR = re.compile(r"\.prev-step-(\d{8,})-[0-9a-f]+")
 # Hidden names a crashed writer can leave behind; all are removed once a newer save is published.
-_STALE_PREFIXES = (".tmp-", ".prev-", ".trash-", f".{POINTER}.tmp-")
+_STALE_PREFIXES = (".tmp-", ".prev-", ".trash-", f".{POINTER}.tmp-", f".{SAVE_TIME}.tmp-")
 
 
 def step_name(step: int) -> str:
@@ -47,6 +50,19 @@ def read_pointer(directory: Path) -> str | None:
     if not name or "/" in name or name in (".", "..") or "\n" in name or "\0" in name:
         return None
     return name
+
+
+def read_save_time(directory: Path) -> float | None:
+    """The seconds the last save took, as kept beside the checkpoints; None if unknown."""
+    try:
+        seconds = json.loads((directory / SAVE_TIME).read_text())["seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else None
+
+
+def write_save_time(directory: Path, step: int, seconds: float) -> None:
+    fs.write_atomically(directory / SAVE_TIME, json.dumps({"step": step, "seconds": seconds}))
 
 
 def write_pointer(directory: Path, name: str) -> None:

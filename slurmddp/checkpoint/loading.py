@@ -30,11 +30,13 @@ Attempt = Callable[[Path, Manifest | None], tuple[T | None, str | None]]
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """A loaded checkpoint: its step, its state and the directory it came from."""
+    """A loaded checkpoint: its step, its state, the directory it came from and the id of the
+    run that saved it (None when its manifest records none: `slurmddp.run_id`)."""
 
     step: int
     state: dict
     path: Path
+    run_id: str | None = None
 
 
 def first_valid(directory: Path, attempt: Attempt[T], *, verify: bool, sharded: bool,
@@ -97,7 +99,8 @@ def load_replicated(directory: Path, *, verify: bool, into: dict | None,
         if into is not None:
             into.update(state)
             state = into
-        return Checkpoint(step=manifest.step_of(path, found), state=state, path=path), None
+        return Checkpoint(step=manifest.step_of(path, found), state=state, path=path,
+                          run_id=manifest.run_id_of(found)), None  # fmt: skip
 
     if dist.group() is None:
         return first_valid(directory, attempt, verify=verify, sharded=False, hashes=False)
@@ -151,7 +154,8 @@ def load_sharded(directory: Path, *, verify: bool, into: dict | None) -> Checkpo
             raise states.not_plain(path) from None
         raise CheckpointError(f"cannot load sharded checkpoint {path}: {one_line(cause)}; "
                               "does `into` match the saved state?") from e  # fmt: skip
-    return Checkpoint(step=manifest.step_of(path, found), state=into, path=path)
+    return Checkpoint(step=manifest.step_of(path, found), state=into, path=path,
+                      run_id=manifest.run_id_of(found))  # fmt: skip
 
 
 def _choose(directory: Path, attempt: Attempt[T], **options: Any,

@@ -1,5 +1,6 @@
 """The manifest: written last into a checkpoint, it lists every file with its size and checksum,
-and a checkpoint is complete exactly when its files match it."""
+and a checkpoint is complete exactly when its files match it. It also names the run that wrote
+it ($SLURMDDP_RUN_ID, `slurmddp.rank.identity`), None in manifests from before that."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from slurmddp import files as fs
 from slurmddp.checkpoint import layout
 from slurmddp.checkpoint.crc32 import Crc32
 from slurmddp.errors import CheckpointError, one_line
+from slurmddp.rank.identity import run_id
 
 FORMAT = 2
 # The checksum of each file that a manifest of each format records.
@@ -26,9 +28,20 @@ Manifest = dict[str, Any]
 
 
 def write(directory: Path, step: int, mode: str, files: dict[str, dict]) -> None:
-    """Write the manifest of `directory` (fsynced); `files` maps names to {"size", "crc32"}."""
-    text = json.dumps({"format": FORMAT, "step": step, "mode": mode, "files": files}, indent=1)
+    """Write the manifest of `directory` (fsynced); `files` maps names to {"size", "crc32"}.
+
+    It records this process's run id (`slurmddp.rank.identity.run_id`, null without one).
+    """
+    # A new key, not a new FORMAT: readers of format 2 that predate it ignore it.
+    text = json.dumps({"format": FORMAT, "step": step, "mode": mode, "run_id": run_id(),
+                       "files": files}, indent=1)  # fmt: skip
     fs.write_new(directory / MANIFEST, text.encode())
+
+
+def run_id_of(manifest: Manifest | None) -> str | None:
+    """The run id `manifest` records; None when it records none (written before run ids)."""
+    found = manifest.get("run_id") if manifest is not None else None
+    return found if isinstance(found, str) and found else None
 
 
 def verify(path: Path, verify: bool, *, sharded: bool,

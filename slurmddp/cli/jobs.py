@@ -9,6 +9,7 @@ from pathlib import Path
 
 from slurmddp.batch import jobs
 from slurmddp.errors import SubmissionError, fail
+from slurmddp.protocol import EXCLUDED_FILE_VAR, STATE_FILES
 
 
 def add_status(p: argparse.ArgumentParser) -> None:
@@ -43,11 +44,14 @@ def status(opts: argparse.Namespace) -> int:
     for r in records:
         state = current[r.job_id]
         print(f"{r.job_id:>10}  {state.state:<{width}}{r.engine:<7}{r.name:<21}{r.folder}")
+        _left_behind(Path(r.folder) / r.job_id)
         if opts.verbose:
             for t in state.tasks:
                 own = f"job {t.job_id}" if t.job_id else "-"
                 logs = str(Path(r.folder) / t.job_id) if t.job_id else "(not started)"
                 print(f"{t.task:>10}  {t.state:<{width}}{'':<7}{own:<21}{logs}")
+                if t.job_id:
+                    _left_behind(Path(logs))
     # sacct answers from slurmdbd even while slurmctld is down, with states that may be stale.
     down = any(r.engine == "slurm" for r in records) and jobs.controller_down()
     if down:
@@ -58,6 +62,16 @@ def status(opts: argparse.Namespace) -> int:
             stale = f"{down}; the states above come from accounting (sacct) and may be out of date"
         fail(jobs.controller_unreachable(stale), prog=opts.prog, status=1)
     return 0
+
+
+def _left_behind(job_dir: Path) -> None:
+    """A line per node the job was requeued without, and why (the batch shell's record)."""
+    try:
+        lines = (job_dir / dict(STATE_FILES)[EXCLUDED_FILE_VAR]).read_text().splitlines()
+    except OSError:
+        return
+    for line in filter(None, lines):
+        print(f"{'':>12}left behind {line}")
 
 
 def logs(opts: argparse.Namespace) -> int:

@@ -33,13 +33,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
 from slurmddp import dist, files
 from slurmddp.errors import warn
-from slurmddp.preemption import decision, signals
+from slurmddp.preemption import deadline, decision, signals
 from slurmddp.preemption.agreement import Agreement
 from slurmddp.preemption.signals import stop_signal
 from slurmddp.protocol import (
@@ -67,6 +68,11 @@ class State:
         self.asked = False  # should_stop() was called: the script uses the protocol
         self.agreed = 0  # the bits all ranks agreed on; sticky
         self.done = False  # mark_done() was called
+        # The job's end, and when this rank stops by itself if no signal comes (`deadline`).
+        self.end: float | None = None
+        self.stop_at: float | None = None
+        self.save_s: float | None = None  # the last measured save's duration
+        self.self_stopped = False
 
     def install(self, environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
         """`install`, for this state."""
@@ -89,18 +95,37 @@ class State:
             return False
         if self.agreed:
             return True
+        if self.stop_at is not None and not self.receiver.seen and time.time() >= self.stop_at:
+            self.receiver.seen |= signals.STOP  # as if the signal had come: it is late, or lost
+            self.self_stopped = True
         bits = self.agreement(self.receiver.seen, every, group)
         if bits:
             self.agreed = bits
-            if dist.rank() == 0:
+            if dist.rank() == 0 and self.self_stopped and self.end is not None:
+                warn(f"the job ends in {self.end - time.time():.0f} s and no stop signal came: "
+                     "every rank stops at this step boundary")  # fmt: skip
+            elif dist.rank() == 0:
                 warn(f"{self.receiver.name(bits)} received: every rank stops at this step "
                      "boundary")  # fmt: skip
         return bool(bits)
+
+    def note_save(self, seconds: float, *, warn_slow: bool = False) -> None:
+        """A save took `seconds`: the self-stop leaves room for the next (`deadline.stop_at`);
+        `warn_slow`: rank 0 warns when it would not fit in the stop signal's lead."""
+        self.save_s = seconds
+        lead = deadline.lead_s(os.environ)
+        if warn_slow and dist.rank() == 0 and (said := deadline.slow_save(seconds, lead)):
+            warn(said)
+        if self.end is not None:
+            self.stop_at = deadline.stop_at(self.end, lead, self.save_s)
 
     def _first_call(self) -> None:
         self.install()
         self.receiver.take_term()
         self.asked = True
+        self.end = deadline.job_end(ask=dist.rank() == 0)
+        if self.end is not None:
+            self.stop_at = deadline.stop_at(self.end, deadline.lead_s(os.environ), self.save_s)
         path = os.environ.get(ASKED_FILE_VAR)
         if path and dist.rank() == 0:
             _touch(path)  # the batch shell's evidence that the script uses the protocol

@@ -14,7 +14,9 @@ The rules, first match wins:
 0. The shell (or rank 0) could not requeue the job as decided: if Slurm's record shows the
    requeue went through anyway (its answer was lost), nothing to do; otherwise the job stops.
 1. The ranks reached `mark_done()`: the work is done, whatever happened after.
-   The hang watchdog ended the run (`slurmddp.watchdog`): the job fails (its report says why).
+   The hang watchdog ended the run (`slurmddp.watchdog`): the job fails (its report says why),
+   unless its suspects are stuck on their own on one node: then it is requeued without that
+   node (below).
 2. Slurm requeued the job already (a preemption with GraceTime=0 does at once; its Restarts
    count is then ahead of this run's): nothing to do.
 3. The job is marked not to be requeued (``scontrol update JobId=N Requeue=0``): it stops.
@@ -25,8 +27,13 @@ The rules, first match wins:
    partition cancels the job when GraceTime ends: a requeue before that wins.
 5. The ranks stopped on the stop signal (the time limit's warning, or sent by hand): requeue.
    On SIGTERM without preemption (scancel, the hard time limit): never requeue.
-6. A stop signal came before the step started: requeue.
-7. The step ended 0: finished. Otherwise it failed.
+6. A stop signal came before the step started: requeue. The preflight (``--preflight``) failed:
+   requeue without the node it failed on (below), else the job fails.
+7. The step ended 0: finished. Otherwise it failed; a failure laid on a node (a rank of it ended
+   by SIGBUS, a broken GPU: `slurmddp.preemption.nodes`) requeues the job without that node.
+
+A requeue without a node counts against the same budget, and happens only while the partition
+keeps enough nodes for the job (the verdict then names the job's new ExcNodeList).
 
 docs/slurm-behaviour.md has what Slurm 22.05 was seen to do in each configuration.
 
@@ -47,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slurmddp.errors import EnvError, UserError, one_line
+from slurmddp.preemption import nodes
 from slurmddp.protocol import (
     ACTIONS,
     DEFAULT_MAX_REQUEUES,
@@ -90,6 +98,11 @@ class Facts:
     # scontrol said (may be empty). `job` is then Slurm's record read after the attempt.
     requeue_error: str | None = None
     hung: bool = False  # the hang watchdog ended the run
+    suspects: tuple[tuple[int, str], ...] = ()  # the hang's suspects: (rank, node)
+    seen: str | None = None  # srun's first error line of this run ("srun: error: NODE: task...")
+    reported: str | None = None  # the first failure a rank reported (the failure file's first line)
+    preflight_status: int | None = None  # the preflight's status when it failed
+    partition: Mapping[str, str] = dataclasses.field(default_factory=dict)  # show partition -o
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +112,8 @@ class Decision:
     action: str
     status: int
     lines: tuple[str, ...] = ()
+    exclude: str = ""  # requeue: the job's ExcNodeList from now on ("": unchanged)
+    left_behind: str = ""  # requeue: the node left behind, and why (for `slurmddp status`)
 
 
 def decide(f: Facts) -> Decision:
@@ -107,12 +122,14 @@ def decide(f: Facts) -> Decision:
         return _after_failed_requeue(f)
     notes = _unused_protocol(f)
     if f.done:
-        return Decision("done" if f.step_status in (0, None) else "fail", f.step_status or 0,
-                        notes)  # fmt: skip
+        if f.step_status in (0, None):
+            return Decision("done", 0, notes)
+        return Decision("fail", f.step_status, (*notes, *_failure(f).summary()))
     if f.hung:
-        return Decision("fail", HANG_STATUS, (*notes, (
-            f"{_job(f)} ended at restart {f.restart}: the hang watchdog judged the run hung "
-            "(above: which ranks); not requeued")))
+        return _without_node(f, nodes.hang_blame(f.suspects), "hung", notes, Decision(
+            "fail", HANG_STATUS, (*notes, (
+                f"{_job(f)} ended at restart {f.restart}: the hang watchdog judged the run hung "
+                "(above: which ranks); not requeued"))))
     if _requeued_already(f):
         # Slurm requeued it as it ended (a preemption with GraceTime=0 does, with no PreemptTime
         # to show for it): its count of restarts is ahead of this run's.
@@ -141,6 +158,11 @@ def decide(f: Facts) -> Decision:
                 "requeues a job")))
         return _requeue(f, f"{_stop_cause(f)}, {f.asked}", notes)
     if f.step_status is None:
+        if f.preflight_status is not None and not f.received:
+            preflight = nodes.Failure(f.preflight_status, f.seen, f.reported)
+            said = (*notes, *preflight.summary("the preflight"))
+            return _without_node(f, preflight.blame(preflight=True), "failed its preflight",
+                                 said, Decision("fail", f.preflight_status, said))  # fmt: skip
         if f.stop_signal in f.received:
             return _requeue(f, f"{_stop_cause(f)}, {f.stop_signal}, before the step started",
                             notes)  # fmt: skip
@@ -152,7 +174,37 @@ def decide(f: Facts) -> Decision:
     if f.received:
         notes = (*notes, f"the step ended with status {f.step_status} after "
                  f"{', '.join(f.received)}; no rank asked for a requeue")  # fmt: skip
-    return Decision("fail", f.step_status, notes)
+    failure = _failure(f)
+    said = (*notes, *failure.summary())
+    return _without_node(f, failure.blame(), "failed", said,
+                         Decision("fail", f.step_status, said))
+
+
+def _failure(f: Facts) -> nodes.Failure:
+    return nodes.Failure(f.step_status or 0, f.seen, f.reported)
+
+
+def _without_node(f: Facts, blame: nodes.Blame | None, what: str, said: tuple[str, ...],
+                  otherwise: Decision) -> Decision:  # fmt: skip
+    """A requeue without the node the run's end is laid on, when there is one and the job may and
+    can be requeued without it; else `otherwise`, with a line saying why not."""
+    if blame is None:
+        return otherwise
+    exclude: str | None = None
+    if f.job.get("Requeue") == "0":
+        why_not = "the job is marked not to be requeued (Requeue=0)"
+    elif f.restart >= f.allowed:
+        why_not = f"the limit of {f.allowed} requeues (--max-requeues) is reached"
+    else:
+        exclude, why_not = nodes.exclusion(blame.node, f.job, f.partition)
+    if exclude is None:
+        return dataclasses.replace(otherwise, lines=(*otherwise.lines, (
+            f"{blame.node} looks broken ({blame.why}), but the job is not requeued without it: "
+            f"{why_not}")))
+    return Decision("requeue", 0, (*said, (
+        f"{_job(f)} {what} at restart {f.restart} because of node {blame.node} ({blame.why}): "
+        f"requeued without it ({f.restart + 1} of {f.allowed}); the job now excludes {exclude}")),
+        exclude=exclude, left_behind=f"{blame.node}: {blame.why}")
 
 
 def _requeue(f: Facts, why: str, notes: tuple[str, ...]) -> Decision:
@@ -277,7 +329,8 @@ def facts_from(environ: Mapping[str, str], **known: Any) -> Facts:
 def main(argv: Sequence[str] | None = None) -> int:
     """The batch script's decision (``-m slurmddp.preemption.decision``), facts as options.
 
-    Prints the messages on stderr and ``ACTION STATUS TARGET`` on stdout (TARGET ``-``: none).
+    Prints the messages on stderr and ``ACTION STATUS TARGET EXCLUDE LEFT_BEHIND...`` on stdout
+    (TARGET, EXCLUDE ``-``: none; LEFT_BEHIND, the rest of the line: the node and why).
     """
     p = argparse.ArgumentParser(prog="python -m slurmddp.preemption.decision")
     p.add_argument("--step-status", type=int, help="the step's exit status (absent: not started)")
@@ -286,24 +339,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--protocol-unused", action="store_true",
                    help="the script never called should_stop()")  # fmt: skip
     p.add_argument("--hung", action="store_true", help="the hang watchdog ended the run")
+    p.add_argument("--suspect", action="append", default=[], metavar="RANK:NODE",
+                   help="a rank the hang watchdog named, and its node")
+    p.add_argument("--srun-error", help="srun's first error line of this run")
+    p.add_argument("--rank-failure", help="the first failure a rank reported")
+    p.add_argument("--preflight-status", type=int, help="the preflight's status, when it failed")
     p.add_argument("--received", action="append", default=[], help="a signal the shell got")
     p.add_argument("--requeue-failed", action="store_true",
                    help="the requeue of the last verdict failed (stdin: the job after it)")
     args = p.parse_args(argv)
+    # stdin: ``scontrol show job -o``, then ``scontrol show partition -o`` of its partition.
+    shown = sys.stdin.read().splitlines()
+    job = "\n".join(line for line in shown if not line.startswith("PartitionName="))
+    suspects = [s.partition(":") for s in args.suspect]
     try:
         facts = facts_from(os.environ, step_status=args.step_status, asked=args.asked or None,
                            done=args.done, protocol_used=not args.protocol_unused,
                            received=tuple(dict.fromkeys(args.received)),
-                           job=job_fields(sys.stdin.read()),
+                           job=job_fields(job), partition=nodes.partition_fields(shown),
                            requeue_error="" if args.requeue_failed else None,
-                           hung=args.hung)  # fmt: skip
+                           hung=args.hung, seen=args.srun_error or None,
+                           reported=args.rank_failure or None,
+                           preflight_status=args.preflight_status,
+                           suspects=tuple((int(r), n) for r, _, n in suspects if r.isdigit()),
+                           )  # fmt: skip
     except UserError as e:
         print(f"slurmddp: {one_line(e)}", file=sys.stderr)
         return USAGE_ERROR
     decision = decide(facts)
     for line in decision.lines:
         print(f"slurmddp: {line}", file=sys.stderr)
-    print(decision.action, decision.status, facts.target or "-")
+    # The shell reads ACTION STATUS TARGET EXCLUDE and the rest of the line as why.
+    print(decision.action, decision.status, facts.target or "-", decision.exclude or "-",
+          *[decision.left_behind] if decision.left_behind else [])  # fmt: skip
     return 0
 
 

@@ -3,11 +3,13 @@
 The core is pure: `env.resolve` maps an environment (Slurm's ``SLURM_*``, MPI's, torchrun's)
 to a frozen `env.DistEnv` that says where every value came from, reading variables through
 `variables` and a Slurm step's task layout through `slurm_step`; `hostlist` expands Slurm's
-host lists without ``scontrol``; `placement` chooses backend, device and CPU threads. The
-side effects sit at the edges: `bootstrap` exports torchrun's variables, `startup` runs a
+host lists without ``scontrol``; `placement` chooses backend, device and CPU threads;
+`identity` names the run, the same in every requeue (`slurmddp.run_id`). The side effects sit
+at the edges: `bootstrap` exports torchrun's variables and the run id, `startup` runs a
 bounded rendezvous that names who is missing, `process_group` initialises torch.distributed
 (`slurmddp.init`), `coordination` keeps the rendezvous store at hand for waits that no
 collective timeout bounds, `mpi` asks MPI what only MPI knows. The launchers: `runner`
 (``python -m slurmddp.run``), `agent` (torchrun's agent, ``python -m slurmddp.agent``),
-`output` (rank-prefixed lines) and `doctor` (``slurmddp doctor``).
+`output` (rank-prefixed lines), `doctor` (``slurmddp doctor``) and `preflight` (a node's checks
+before training, ``submit --preflight``).
 """

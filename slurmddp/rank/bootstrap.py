@@ -1,5 +1,6 @@
 """The one side effect of start-up: resolve this process's place once and export it (with the
-CPU threads it should run, `slurmddp.rank.placement.cpu_threads`).
+CPU threads it should run, `slurmddp.rank.placement.cpu_threads`, and the run's id,
+`slurmddp.rank.identity.run_id`).
 
 Both `python -m slurmddp.run` and `slurmddp.init()` go through `bootstrap`, so a script started by
 the runner that also calls `init()` resolves once and sees the same answer.
@@ -12,7 +13,9 @@ import sys
 from collections.abc import MutableMapping
 
 from slurmddp.protocol import MASTER_HOST_FORMAT_VAR as MASTER_HOST_FORMAT_VAR
+from slurmddp.protocol import RUN_ID_VAR
 from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
+from slurmddp.rank.identity import run_id
 from slurmddp.rank.placement import THREADS_VAR, cpu_threads
 
 _current: DistEnv | None = None
@@ -21,7 +24,8 @@ _current: DistEnv | None = None
 def bootstrap(
     environ: MutableMapping[str, str] | None = None, *, master_host_format: str | None = None
 ) -> DistEnv:
-    """Resolve this process's `DistEnv` (first call only) and export torchrun's variables.
+    """Resolve this process's `DistEnv` (first call only) and export torchrun's variables, and
+    $SLURMDDP_RUN_ID when there is a run id (`slurmddp.rank.identity.run_id`).
 
     `master_host_format` (default: $SLURMDDP_MASTER_HOST_FORMAT, else ``{host}``) maps rank 0's
     host name to the address other ranks dial. Raises `EnvError` on contradictions.
@@ -47,6 +51,8 @@ def bootstrap(
                 env["MASTER_PORT"] = str(port)
             dist = resolve(env, master_host_format=fmt, mpi_nodes=told, hostfile_head=head)
     env.update(dist.torchrun_env())
+    if (run := run_id(env)) is not None:
+        env[RUN_ID_VAR] = run  # sanitised, and the same for the script's own children
     _set_threads(env, dist)
     _current = dist
     return dist

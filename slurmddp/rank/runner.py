@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         # First a line that names the rank and its node, so that the job's summary and a grep
         # of the logs find the failure; then, as Python would, the traceback.
         _note_failure(f"failed: {type(e).__name__}: {one_line(e)}")
-        if not isinstance(e, startup.StartupError) or errors.debug():  # its message says it all
+        said_all = (startup.StartupError, errors.NodeCheckError)  # their message says it all
+        if not isinstance(e, said_all) or errors.debug():
             traceback.print_exc()
         return 1
     return 0

@@ -74,6 +74,10 @@ class Layout:
         return self.state / "verdict"  # the monitor's lines for the batch log
 
     @property
+    def suspects(self) -> Path:
+        return self.state / "suspects"  # "RANK NODE" a line: the verdict's stuck ranks
+
+    @property
     def report(self) -> Path:
         return self.hang_dir / "report.txt"
 

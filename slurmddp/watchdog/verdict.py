@@ -60,6 +60,9 @@ class Verdict:
 
     suspects: tuple[int, ...]
     lines: tuple[str, ...]
+    # The suspects stuck on their own (rules 1 and 2), where their node may be the cause; not
+    # those merely out of step with the others (rule 3): that is the code's path, on any node.
+    stuck: tuple[int, ...] = ()
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -107,6 +110,7 @@ def judge(world_size: int, progress: Mapping[int, Progress], dumps: Mapping[int,
             for r in ranks:
                 if r not in waiting:
                     reasons[r] = f"it is not waiting for another rank: it is {_place(dumps[r])}"
+    stuck = tuple(sorted(reasons))
     if not reasons:
         places = {r: (dumps[r].get("count"), dumps[r].get("collectives"), dumps[r].get("waiting"),
                       dumps[r].get("site")) for r in ranks}  # fmt: skip
@@ -134,4 +138,4 @@ def judge(world_size: int, progress: Mapping[int, Progress], dumps: Mapping[int,
         lines.append("slurmddp: no rank stands out (no majority is at the same place): "
                      + "; ".join(shown) + ("; ..." if len(dumps) > _SHOWN else ""))
     lines.append(f"slurmddp: the stacks of every rank that answered: {stacks_at}")
-    return Verdict(tuple(sorted(reasons)), tuple(lines))
+    return Verdict(tuple(sorted(reasons)), tuple(lines), stuck)

@@ -38,6 +38,7 @@ from slurmddp.checkpoint import (
 )
 from slurmddp.checkpoint import dcp as safe_dcp
 from slurmddp.checkpoint import manifest as manifests
+from slurmddp.protocol import RUN_ID_VAR
 from tests.conftest import launcher_free_env
 
 
@@ -55,7 +56,12 @@ def save_steps(directory: Path, steps, keep: int = 3) -> Checkpointer:
 
 
 def entries(directory: Path) -> list[str]:
-    return sorted(os.listdir(directory))
+    """The checkpoint directory's entries, but the last save's duration (save-time.json) that
+    every save rewrites (tests/preemption/test_deadline.py)."""
+    return sorted(n for n in os.listdir(directory) if n != SAVE_TIME)
+
+
+SAVE_TIME = "save-time.json"
 
 
 def pointer(directory: Path) -> str:
@@ -74,6 +80,19 @@ def write_manifest(path: Path, step: int, mode: str = "replicated") -> None:
                                                     "files": files}))  # fmt: skip
 
 
+@pytest.fixture
+def run_as(monkeypatch):
+    """Make this process's run id (`slurmddp.run_id`) `value`; None: nothing gives one."""
+
+    def set_to(value: str | None) -> None:
+        for name in (RUN_ID_VAR, "SLURM_JOB_ID", "SLURM_JOBID", "TORCHELASTIC_RUN_ID"):
+            monkeypatch.delenv(name, raising=False)
+        if value is not None:
+            monkeypatch.setenv(RUN_ID_VAR, value)
+
+    return set_to
+
+
 def assert_loads(directory: Path, step: int) -> Checkpoint:
     loaded = Checkpointer(directory).load_latest()
     assert loaded is not None and loaded.step == step
@@ -84,7 +103,8 @@ def assert_loads(directory: Path, step: int) -> Checkpoint:
 # -- round trip, layout, pruning ---------------------------------------------------------------
 
 
-def test_save_and_load_round_trip(tmp_path):
+def test_save_and_load_round_trip(tmp_path, run_as):
+    run_as("linux-40_3")
     directory = tmp_path / "a" / "b"  # created, parents too
     state = {"t": torch.randn(3, 2), "p": torch.nn.Parameter(torch.ones(2)), "i": 7, "f": 0.5,
              "s": "x", "b": b"\x00", "none": None, "size": torch.Size([2, 3]),
@@ -99,10 +119,12 @@ def test_save_and_load_round_trip(tmp_path):
     manifest = json.loads((directory / "step-00000012" / "manifest.json").read_text())
     data = (directory / "step-00000012" / "state.pt").read_bytes()
     crc = f"{zlib.crc32(data):08x}"
-    assert manifest == {"format": 2, "step": 12, "mode": "replicated",
+    assert manifest == {"format": 2, "step": 12, "mode": "replicated", "run_id": "linux-40_3",
                         "files": {"state.pt": {"size": len(data), "crc32": crc}}}  # fmt: skip
+    run_as("another-run")  # the checkpoint's run, not the loader's
     loaded = Checkpointer(directory).load_latest()
     assert loaded.step == 12 and loaded.path == directory / "step-00000012"
+    assert loaded.run_id == "linux-40_3"
     assert loaded.state.keys() == state.keys()
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
@@ -115,6 +137,14 @@ def test_save_and_load_round_trip(tmp_path):
     into = {"keep": 1}
     again = ckpt.load_latest(into=into)
     assert again.state is into and into["keep"] == 1 and into["i"] == 7
+
+
+def test_without_a_run_id_the_manifest_records_none(tmp_path, run_as):
+    run_as(None)
+    save_steps(tmp_path, [1])
+    assert json.loads((tmp_path / "step-00000001" / "manifest.json").read_text())["run_id"] is None
+    run_as("later")
+    assert assert_loads(tmp_path, 1).run_id is None
 
 
 def test_fresh_start_is_none(tmp_path):
@@ -293,12 +323,13 @@ def test_corrupt_newest_falls_back_to_the_previous(tmp_path, capsys):
     )
 
 
-def test_format_1_manifests_with_sha256_still_load_and_verify(tmp_path, capsys):
+def test_format_1_manifests_with_sha256_still_load_and_verify(tmp_path, capsys, run_as):
     newest, previous = newest_two(tmp_path)
     for path, step in ((newest, 3), (previous, 2)):
         (path / "manifest.json").unlink()
-        write_manifest(path, step)
-    assert_loads(tmp_path, 3)
+        write_manifest(path, step)  # as written before run ids
+    run_as("linux-41")
+    assert assert_loads(tmp_path, 3).run_id is None
     data = bytearray((newest / "state.pt").read_bytes())
     data[len(data) // 2] ^= 0x01
     (newest / "state.pt").write_bytes(bytes(data))
@@ -674,14 +705,16 @@ def test_async_error_is_raised_once_by_the_next_call(tmp_path, monkeypatch, surf
 # -- sharded, in one process -------------------------------------------------------------------
 
 
-def test_sharded_save_and_load_without_a_process_group(tmp_path):
+def test_sharded_save_and_load_without_a_process_group(tmp_path, run_as):
+    run_as("linux-41")
     ckpt = Checkpointer(tmp_path, sharded=True)
     assert ckpt.load_latest(into={"w": torch.zeros(3)}) is None
     ckpt.save(4, {"w": torch.arange(3.0), "meta": {"lr": 0.5, "name": "x"}})
     assert entries(tmp_path / "step-00000004") == [".metadata", "__0_0.distcp", "manifest.json"]
     into = {"w": torch.zeros(3), "meta": {"lr": 0.0, "name": ""}}
+    run_as(None)
     loaded = ckpt.load_latest(into=into)
-    assert loaded.step == 4 and loaded.state is into
+    assert loaded.step == 4 and loaded.state is into and loaded.run_id == "linux-41"
     assert torch.equal(into["w"], torch.arange(3.0)) and into["meta"] == {"lr": 0.5, "name": "x"}
     with pytest.raises(CheckpointError, match="load in place: pass into="):
         ckpt.load_latest()
@@ -763,8 +796,10 @@ def test_two_ranks_replicated_sync_and_async(tmp_path):
             out["latest"].append(c.latest_step)  # published on every rank when save returns
         loaded = c.load_latest()
         out["loaded"] = [loaded.step, loaded.state["w"].tolist(), loaded.state["writer"]]
+        out["run_id"] = loaded.run_id
         # Hidden names: old checkpoints rank 0 may still be removing in the background.
-        out["dirs"] = sorted(n for n in os.listdir(D + "/rep") if not n.startswith("."))
+        out["dirs"] = sorted(n for n in os.listdir(D + "/rep")
+                             if not n.startswith(".") and n != "save-time.json")
         try:  # refused on rank 1 only: both ranks raise, nothing is written
             c.save(4, {"x": object() if rank == 1 else 1})
         except CheckpointError as e:
@@ -789,11 +824,13 @@ def test_two_ranks_replicated_sync_and_async(tmp_path):
         td.destroy_process_group()
         """,
         tmp_path,
+        **{RUN_ID_VAR: "linux-41"},
     )
     for rank, out in enumerate(results):
         assert out["fresh"] is True
         assert out["latest"] == [1, 2, 3]
         assert out["loaded"] == [3, [3.0, 3.0, 3.0], 0]  # rank 0's state is the one written
+        assert out["run_id"] == "linux-41"
         assert out["dirs"] == ["latest", "step-00000002", "step-00000003"]
         if rank == 1:
             assert out["refused"].startswith("state['x'] has type object, which torch.load")

@@ -13,8 +13,9 @@
 #                                           (torchrun's rendezvous decides which ranks a node runs)
 
 # sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
-# tried by hand) must not decide the ranks. --env values are exported after the setup lines.
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS
+# tried by hand) must not decide the ranks, nor the run id of a job that submitted this one name
+# this one's run. --env values (SLURMDDP_RUN_ID=... included) are exported after the setup lines.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS SLURMDDP_RUN_ID
 for name in ${!TORCHELASTIC_@}; do unset "$name"; done
 
 # The stop protocol (slurmddp.preemption): the ranks stop together on the signal and checkpoint,
@@ -32,6 +33,7 @@ export SLURMDDP_DONE_FILE="$job_dir"/done
 export SLURMDDP_ASKED_FILE="$job_dir"/asked
 export SLURMDDP_STOP_FILE="$job_dir"/stop
 export SLURMDDP_FAILURE_FILE="$job_dir"/failures
+export SLURMDDP_EXCLUDED_FILE="$job_dir"/excluded
 export SLURMDDP_HANG_DIR="$job_dir"/hang
 # The code: its files as they are when each run starts (no snapshot of it was taken).
 restart=${SLURM_RESTART_COUNT:-0}
@@ -95,20 +97,12 @@ batch_log=$(readlink -- "/proc/$$/fd/1" 2>/dev/null) || batch_log=
 log_start=0
 if [[ -f $batch_log ]]; then log_start=$(stat -c %s -- "$batch_log" 2>/dev/null || echo 0); fi
 
-status=  # the step's exit status; stays empty when a signal came before the step started
-if [[ -n $received ]]; then
-    echo "slurmddp:${received} came before the step started: not starting it" >&2
-else
-    # srun 22.05 no longer takes --cpus-per-task from the job: the step asks for it again.
-    srun --kill-on-bad-exit=1 --open-mode=append --output=/scratch/runs/%j/node-%n.log \
-        --ntasks-per-node=1 --cpus-per-task=3 \
-        sh -c 'trap "" USR2; exec "$@"' slurmddp-rank /opt/venv/bin/python -m slurmddp.agent \
-        --nnodes=2 --nproc-per-node=3 \
-        --rdzv-backend=c10d --rdzv-endpoint="$head_node" --rdzv-id="$SLURM_JOB_ID" \
-        --max-restarts=0 \
-        -m slurmddp.run --tag-output train.py &
+# Runs a step in the background, so that this shell takes the signals while it waits (bash runs
+# a trap only between commands); its exit status lands in `status`.
+run_step() {
+    "$@" &
     step=$! step_started=$SECONDS
-    # A stop signal trapped between the check above and here has not been passed on yet.
+    # A stop signal trapped between the check before the step and here has not been passed on.
     if [[ $received == *USR2* ]]; then on_stop USR2; fi
 
     wait "$step"
@@ -121,34 +115,38 @@ else
         rc=$?
         ((rc == 127)) || status=$rc  # 127: an earlier wait had already collected the status
     done
-fi
-
-# Which rank failed: srun names the task and node it saw end first (tasks of one node that end
-# together share a line); a rank that raised or exited non-zero appended its own line first.
-summarise_failure() {
-    local seen= first
-    if [[ -f $batch_log ]]; then
-        seen=$(tail -c +"$((log_start + 1))" -- "$batch_log" | grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9,-]+: ')
-    fi
-    first=$(head -n 1 -- "$SLURMDDP_FAILURE_FILE" 2>/dev/null)
-    if [[ $seen =~ ^srun:\ error:\ ([^ ]+):\ (tasks?\ [0-9,-]+):\ (.*)$ ]]; then
-        echo "slurmddp: the step failed with status $status; the first to end, as srun saw it: ${BASH_REMATCH[2]} on ${BASH_REMATCH[1]} (${BASH_REMATCH[3]})" >&2
-    else
-        echo "slurmddp: the step failed with status $status" >&2
-    fi
-    if [[ -n $first ]]; then
-        echo "slurmddp: the first failure a rank reported: ${first#slurmddp: }" >&2
-    fi
-    if [[ -n $seen && $seen != *"Exited with exit code"* ]]; then
-        echo "slurmddp: ${BASH_REMATCH[2]} on ${BASH_REMATCH[1]} was ended by a signal and could not report; failures after it followed from losing it" >&2
-    fi
 }
+
+status=  # the step's exit status; stays empty when a signal came before the step started
+preflight_status=  # the preflight's, when it failed
+if [[ -n $received ]]; then
+    echo "slurmddp:${received} came before the step started: not starting it" >&2
+else
+    # srun 22.05 no longer takes --cpus-per-task from the job: the step asks for it again.
+    run_step srun --kill-on-bad-exit=1 --open-mode=append --output=/scratch/runs/%j/node-%n.log \
+        --ntasks-per-node=1 --cpus-per-task=3 \
+        sh -c 'trap "" USR2; exec "$@"' slurmddp-rank /opt/venv/bin/python -m slurmddp.agent \
+        --nnodes=2 --nproc-per-node=3 \
+        --rdzv-backend=c10d --rdzv-endpoint="$head_node" --rdzv-id="$SLURM_JOB_ID" \
+        --max-restarts=0 \
+        -m slurmddp.run --tag-output train.py
+fi
 
 # ---- what happens to the job: decided by slurmddp.preemption.decision, carried out here -----
 # A requeue (Slurm's, or the one below) sends TERM to this shell's processes; these must finish.
 immune() { (trap '' TERM; exec "$@"); }
 facts=()
 if [[ -n $status ]]; then facts+=(--step-status "$status"); fi
+if [[ -n $preflight_status ]]; then facts+=(--preflight-status "$preflight_status"); fi
+# Which rank failed first: srun names the task and node it saw end first (tasks of one node that
+# end together share a line); a rank that raised or exited non-zero appended its own line first.
+if [[ -f $batch_log ]]; then
+    seen=$(tail -c +"$((log_start + 1))" -- "$batch_log" | grep -m 1 -E '^srun: error: [^ ]+: tasks? [0-9,-]+: ')
+    if [[ -n $seen ]]; then facts+=(--srun-error "$seen"); fi
+fi
+if [[ -s $SLURMDDP_FAILURE_FILE ]]; then
+    facts+=(--rank-failure "$(head -n 1 -- "$SLURMDDP_FAILURE_FILE")")
+fi
 if [[ -e $SLURMDDP_REQUEUE_FILE ]]; then
     facts+=(--asked "$(<"$SLURMDDP_REQUEUE_FILE")")
     rm -f -- "$SLURMDDP_REQUEUE_FILE"
@@ -159,22 +157,26 @@ for sig in $received; do facts+=(--received "$sig"); done
 hung=0
 for verdict in "$SLURMDDP_HANG_DIR"/.state/*/verdict; do
     if [[ -f $verdict ]]; then hung=1; cat -- "$verdict" >&2; fi  # which ranks hung, and where
+    while read -r rank node; do
+        facts+=(--suspect "$rank:$node")
+    done < <(cat -- "${verdict%/verdict}/suspects" 2>/dev/null)
 done
 if ((hung)); then facts+=(--hung); fi
-# The facts and Slurm's record of the job in; the verdict ACTION STATUS TARGET out.
+# The facts and Slurm's record of the job and its partition in; the verdict ACTION STATUS TARGET
+# EXCLUDE LEFT_BEHIND out.
 decide() {
-    immune scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null \
-        | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}" "$@"
+    {
+        immune scontrol show job -o "$SLURM_JOB_ID"
+        immune scontrol show partition -o "${SLURM_JOB_PARTITION:-}"
+    } 2>/dev/null | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}" "$@"
 }
-read -r action code target <<<"$(decide)"
+read -r action code target exclude left_behind <<<"$(decide)"
 case $action in
     finished)
         : >"$SLURMDDP_DONE_FILE"  # a requeue racing this exit must not run the job again
         exit "$code" ;;
     done|stop) exit "$code" ;;
-    fail)
-        if ((!hung)); then summarise_failure; fi
-        exit "$code" ;;
+    fail) exit "$code" ;;
     final)
         # A preempted job is requeued by Slurm itself unless it is told not to be.
         scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1
@@ -182,7 +184,15 @@ case $action in
     requeue)
         if ! immune scontrol requeue "$target"; then
             # Its answer can be lost while the requeue went through: the decision looks again.
-            read -r action code target <<<"$(decide --requeue-failed)"
+            read -r action code target exclude left_behind <<<"$(decide --requeue-failed)"
+        elif [[ $exclude != - ]]; then
+            # Slurm changes the nodes a job excludes only while it is pending: now, in the begin
+            # time delay of a requeued job.
+            if immune scontrol update JobId="$target" ExcNodeList="$exclude"; then
+                echo "$left_behind" >>"$SLURMDDP_EXCLUDED_FILE"
+            else
+                echo "slurmddp: Slurm refused to exclude $exclude; the requeued job may land there again" >&2
+            fi
         fi
         exit "${code:-75}" ;;
     *)

@@ -32,6 +32,14 @@ SCANCELLED = RUNNING | {"JobState": "COMPLETING", "Restarts": "0"}
 TIMED_OUT = RUNNING | {"JobState": "COMPLETING", "Reason": "TimeLimit", "TimeLimit": "00:01:00",
                        "RunTime": "00:01:27"}  # fmt: skip
 CANCEL_MODE = PREEMPTED | {"JobState": "PREEMPTED"}
+# A 2-node job in a 4-node partition, and what srun and a rank say of a failure.
+ON_TWO = RUNNING | {"NumNodes": "2", "ExcNodeList": "(null)", "Requeue": "1"}
+FOUR = {"PartitionName": "debug", "TotalNodes": "4"}
+BUS = "srun: error: n2: task 1: Bus error"
+KILLED = "srun: error: n2: task 1: Killed"
+ECC = ("slurmddp: rank 1 (host n2) failed: RuntimeError: CUDA error: uncorrectable ECC error "
+       "encountered")  # fmt: skip
+RAISED = "slurmddp: rank 1 (host n2) failed: RuntimeError: boom"
 
 
 def facts(**kw) -> Facts:
@@ -85,6 +93,54 @@ CASES = [
      "job 41 ended at restart 0: the hang watchdog judged the run hung (above: which ranks); "
      "not requeued"),
     ("hung-after-done", facts(step_status=0, hung=True, done=True), "done", 0, None),
+    # A failure laid on a node: requeued without it while the job fits and may be requeued.
+    ("bus-error", facts(step_status=135, seen=BUS, job=ON_TWO, partition=FOUR), "requeue", 0,
+     "job 41 failed at restart 0 because of node n2 (task 1 on it ended by a signal (Bus "
+     "error)): requeued without it (1 of 3); the job now excludes n2"),
+    ("bus-error-summary", facts(step_status=135, seen=BUS, job=ON_TWO, partition=FOUR), "requeue",
+     0, "the step failed with status 135; the first to end, as srun saw it: task 1 on n2 (Bus "
+     "error)"),
+    ("bus-error-again", facts(step_status=135, seen=BUS, restart=1, partition=FOUR,
+                              job=ON_TWO | {"ExcNodeList": "n1"}),
+     "requeue", 0, "the job now excludes n[1-2]"),
+    ("bus-error-no-room", facts(step_status=135, seen=BUS, restart=2, partition=FOUR,
+                                job=ON_TWO | {"ExcNodeList": "n[1,3]"}),
+     "fail", 135, "n2 looks broken (task 1 on it ended by a signal (Bus error)), but the job "
+     "is not requeued without it: the job needs 2 of partition debug's 4 nodes and would then "
+     "exclude 3"),
+    ("bus-error-no-partition", facts(step_status=135, seen=BUS, job=ON_TWO), "fail", 135,
+     "Slurm's record does not say how many nodes the partition has"),
+    ("bus-error-at-the-cap", facts(step_status=135, seen=BUS, restart=3, job=ON_TWO,
+                                   partition=FOUR), "fail", 135, "the limit of 3 requeues"),
+    ("bus-error-no-requeue", facts(step_status=135, seen=BUS, job=ON_TWO | {"Requeue": "0"},
+                                   partition=FOUR), "fail", 135, "marked not to be requeued"),
+    ("ecc-error", facts(step_status=1, reported=ECC, job=ON_TWO, partition=FOUR), "requeue", 0,
+     "because of node n2 (rank 1 on it failed: RuntimeError: CUDA error: uncorrectable ECC"),
+    ("killed-is-not-the-node", facts(step_status=137, seen=KILLED, job=ON_TWO, partition=FOUR),
+     "fail", 137, "task 1 on n2 was ended by a signal and could not report"),
+    ("raised-is-not-the-node", facts(step_status=1, seen=KILLED, reported=RAISED, job=ON_TWO,
+                                     partition=FOUR),
+     "fail", 1, "the first failure a rank reported: rank 1 (host n2) failed: RuntimeError: boom"),
+    ("hung-on-one-node", facts(step_status=124, hung=True, suspects=((3, "n2"),), job=ON_TWO,
+                               partition=FOUR),
+     "requeue", 0, "hung at restart 0 because of node n2 (rank 3 on it stopped progressing"),
+    ("hung-on-two-nodes", facts(step_status=124, hung=True, suspects=((1, "n1"), (3, "n2")),
+                                job=ON_TWO, partition=FOUR), "fail", 124, "not requeued"),
+    ("preflight-crash", facts(step_status=None, preflight_status=135, seen=BUS, job=ON_TWO,
+                              partition=FOUR),
+     "requeue", 0, "failed its preflight at restart 0 because of node n2"),
+    ("preflight-node-check", facts(step_status=None, preflight_status=1, job=ON_TWO,
+                                   partition=FOUR, reported="slurmddp: rank 1 (host n2) failed: "
+                                   "NodeCheckError: GPU 0 computed a wrong matrix product"),
+     "requeue", 0, "because of node n2 (rank 1 on it failed: NodeCheckError: GPU 0"),
+    ("preflight-collectives", facts(step_status=None, preflight_status=1, job=ON_TWO,
+                                    partition=FOUR, seen="srun: error: n1: task 0: Exited with "
+                                    "exit code 1", reported="slurmddp: rank 0 (host n1) exited "
+                                    "with status 1"),
+     "fail", 1, "the preflight failed with status 1"),
+    ("preflight-then-stop-signal", facts(step_status=None, preflight_status=143, seen=BUS,
+                                         received=("USR2",), job=ON_TWO, partition=FOUR),
+     "requeue", 0, "before the step started"),
     ("no-scontrol-answer", facts(asked="USR2", job={}), "requeue", 0, "(signal, USR2)"),
     # After a `requeue` verdict whose scontrol requeue failed, with the job as Slurm shows it then.
     ("requeue-refused", facts(asked="USR2", requeue_error="", job=RUNNING), "stop", 75,
@@ -103,6 +159,8 @@ def test_what_happens_to_the_job(facts_, action, status, says):
     assert (d.action, d.status) == (action, status), d
     if says is not None:
         assert any(says in line for line in d.lines), d.lines
+    # Only a requeue without a node names the nodes to exclude.
+    assert bool(d.exclude) == (d.action == "requeue" and "because of node" in " ".join(d.lines))
 
 
 def test_a_script_that_never_asked_is_told_once():
@@ -168,7 +226,7 @@ def test_the_batch_shell_command_prints_its_action_and_messages():
                         "--asked", "USR2"], input=SHOW_JOB, env=env, capture_output=True,
                        text=True)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "requeue 0 41\n"
+    assert r.stdout == "requeue 0 41 -\n"
     assert r.stderr == ("slurmddp: job 41 stopped (time limit, USR2) at restart 1 after its "
                         "checkpoint: requeued (2 of 5)\n")  # fmt: skip
 
@@ -182,11 +240,32 @@ def decision_command(*args: str, show: str = SHOW_JOB, **env: str) -> subprocess
 def test_after_a_failed_requeue_the_batch_shell_is_told_whether_it_went_through():
     # SHOW_JOB shows Restarts=1: at restart 0, the requeue went through although scontrol failed.
     r = decision_command("--requeue-failed", SLURM_JOB_ID="41", SLURM_RESTART_COUNT="0")
-    assert (r.returncode, r.stdout, r.stderr) == (0, "stop 0 41\n", "")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "stop 0 41 -\n", "")
     r = decision_command("--requeue-failed", SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1")
-    assert (r.returncode, r.stdout) == (0, "stop 75 41\n")
+    assert (r.returncode, r.stdout) == (0, "stop 75 41 -\n")
     assert r.stderr == ("slurmddp: scontrol requeue 41 failed: the job ends here; submit again to "
                         "resume\n")  # fmt: skip
+
+
+SHOW_PARTITION = ("PartitionName=debug AllowGroups=ALL Default=YES State=UP TotalCPUs=16 "
+                  "TotalNodes=4 PreemptMode=REQUEUE\n")  # fmt: skip
+
+
+def test_the_batch_shell_is_told_which_nodes_to_exclude_and_why():
+    show = SHOW_JOB.replace("Requeue=1", "Requeue=1 NumNodes=2 ExcNodeList=(null)") + SHOW_PARTITION
+    r = decision_command("--step-status", "135", "--srun-error", BUS, show=show,
+                         SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "requeue 0 41 n2 n2: task 1 on it ended by a signal (Bus error)\n"
+    assert "job 41 failed at restart 1 because of node n2" in r.stderr
+    # The partition's line does not stand in for the job's fields (State=UP is not JobState).
+    r = decision_command("--step-status", "135", "--srun-error", BUS, show=SHOW_PARTITION,
+                         SLURM_JOB_ID="41")  # fmt: skip
+    assert r.stdout == "fail 135 41 -\n", r.stderr
+    # The hang watchdog's suspects come as RANK:NODE.
+    r = decision_command("--step-status", "124", "--hung", "--suspect", "3:n2", show=show,
+                         SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1")  # fmt: skip
+    assert r.stdout.startswith("requeue 0 41 n2 n2: rank 3 on it stopped progressing"), r.stderr
 
 
 def test_a_bad_budget_is_one_line_and_status_2():

@@ -248,6 +248,33 @@ def test_without_our_batch_script_rank_0_requeues_the_job(slurm_cluster, tmp_pat
     assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
 
 
+@pytest.mark.every_slurm
+def test_under_a_time_limit_without_a_signal_the_ranks_stop_in_time_by_themselves(
+        slurm_cluster, tmp_path, python, reference_digest):  # fmt: skip
+    # A site's batch script without --signal: nothing warns of the limit. The ranks know the end
+    # (SLURM_JOB_END_TIME from Slurm 23.02, else rank 0's one scontrol) and stop 30 s before it.
+    script = tmp_path / "own.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH -p debug -N2 --ntasks-per-node=2 --requeue --time=1\n"
+        f"#SBATCH -o {tmp_path}/%j.out --open-mode=append\n"
+        "export SLURMDDP_SIGNAL_LEAD=30\n"
+        f"srun {python} -m slurmddp.run {TRAIN} --steps 300 --step-time 0.1 --log-every 10 "
+        f"--checkpoint-dir {tmp_path}/ckpt\n"
+    )
+    r = slurm_cluster.run(["sbatch", "--parsable", str(script)], cwd=tmp_path,
+                          env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
+    job_id = r.stdout.strip()
+    out = tmp_path / f"{job_id}.out"
+    wait_until(lambda: job_fields(slurm_cluster, job_id).get("JobState") == "COMPLETED", 400,
+               lambda: f"the end of job {job_id}:\n{read(out)}")  # fmt: skip
+    text = read(out)
+    assert "and no stop signal came: every rank stops at this step boundary" in text, text
+    assert f"job {job_id} stopped (time limit, USR2) at restart 0 after its checkpoint: " \
+           "requeued (1 of 3)" in text, text  # fmt: skip
+    assert "TIME LIMIT" not in text, text  # never cut off by Slurm
+    assert {x["digest"] for x in tagged_json(text, "RESULT ")} == {reference_digest}
+
+
 @pytest.mark.mpi
 def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path,
                                                          reference_digest):  # fmt: skip

@@ -1,7 +1,9 @@
 """A gloo job in which one rank fails, for tests/test_failures_cluster.py.
 
 Environment: FAIL_MODE is raise, exit or kill (rank FAIL_RANK fails so at step 20 of the
-training loop), sleep (rank FAIL_RANK never starts the process group), or none; INIT is slurmddp
+training loop), sleep (rank FAIL_RANK never starts the process group), bus (rank FAIL_RANK's
+node breaks for good: its name goes to BROKEN_FILE, and every rank on it dies of SIGBUS at step
+20, as on a node with a memory error, in this run and any later one), or none; INIT is slurmddp
 (`slurmddp.init`, the default) or torch (a plain `init_process_group`, as a torchrun script);
 MEET_DIR and MEET_COUNT make rank 0 wait, with its group up, until MEET_COUNT jobs are up.
 No collective timeout is given: torch's default (30 minutes) is what must not be waited out.
@@ -21,6 +23,10 @@ import torch.distributed as dist
 RANK = int(os.environ["RANK"])  # exported by python -m slurmddp.run
 MODE = os.environ.get("FAIL_MODE", "none")
 FAILING = MODE != "none" and int(os.environ.get("FAIL_RANK", "1")) == RANK
+HOST = os.environ.get("SLURMD_NODENAME", "")
+BROKEN = Path(os.environ.get("BROKEN_FILE", "/nonexistent"))
+if MODE == "bus" and FAILING and not BROKEN.exists():
+    BROKEN.write_text(HOST)
 
 
 def event(name: str, **extra: object) -> None:
@@ -53,6 +59,9 @@ if meet and RANK == 0:
 t = torch.ones(1)
 for step in range(40):
     dist.all_reduce(t)
+    if MODE == "bus" and step == 20 and BROKEN.read_text() == HOST:
+        event("failing", mode=MODE)
+        os.kill(os.getpid(), signal.SIGBUS)
     if FAILING and step == 20:
         event("failing", mode=MODE)
         if MODE == "raise":

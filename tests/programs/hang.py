@@ -7,7 +7,8 @@ sleeps inside the loop), skip (rank R skips one all_reduce: the ranks fall out o
 lock at the next checkpoint's wait), startup (rank R sleeps after the rendezvous, before its
 first collective; every rank called slurmddp.heartbeat() first), silent (no rank hangs, and the
 script never calls should_stop() or heartbeat(): the watchdog must never judge it). Each step is
-one all_reduce and one should_stop(); every 10 steps a checkpoint is saved.
+one all_reduce and one should_stop(); every 10 steps a checkpoint is saved. --first-run-only:
+the rank hangs only in the job's first run (a requeued run goes through).
 """
 
 import argparse
@@ -29,7 +30,10 @@ p.add_argument("--at", type=int, default=5)
 p.add_argument("--steps", type=int, default=60)
 p.add_argument("--step-time", type=float, default=0.2)
 p.add_argument("--checkpoints", default=None)
+p.add_argument("--first-run-only", action="store_true")
 args = p.parse_args()
+if args.first_run_only and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+    args.mode = "none"
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

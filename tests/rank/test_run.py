@@ -17,7 +17,7 @@ SHOW = textwrap.dedent(
     """
     import json, os, sys
     names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURMDDP_RUN_ID"]
     print(json.dumps({"env": {n: os.environ.get(n) for n in names}, "argv": sys.argv,
                       "name": __name__, "torch_imported": "torch" in sys.modules,
                       "path0": sys.path[0]}))
@@ -56,12 +56,31 @@ def test_exports_torchrun_names_and_runs_the_script_as_main(show):
     assert out["env"] == {
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "a1",
-        "MASTER_PORT": out["env"]["MASTER_PORT"],
+        "MASTER_PORT": out["env"]["MASTER_PORT"], "SLURMDDP_RUN_ID": "4242",
     }  # fmt: skip
     assert out["argv"] == [str(show), "--lr", "0.1"]
     assert out["name"] == "__main__"
     assert out["path0"] == str(show.parent)
     assert out["torch_imported"] is False, "the runner must not import torch for the script"
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"SLURM_CLUSTER_NAME": "linux", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3",
+      "SLURM_RESTART_COUNT": "2"}, "linux-40_3"),
+    ({"SLURMDDP_RUN_ID": "exp 1"}, "exp-1"),  # the user's, sanitised for every child to see
+])  # fmt: skip
+def test_exports_the_run_id(show, extra, expected):
+    r = run([str(show)], clean_env(**srun_env(0, [2]), **extra))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["env"]["SLURMDDP_RUN_ID"] == expected
+
+
+def test_no_run_id_is_exported_without_one(show):
+    mpirun = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1",
+              "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}  # fmt: skip
+    r = run([str(show)], clean_env(**mpirun))  # no Slurm, no torchrun: no run id
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["env"]["SLURMDDP_RUN_ID"] is None
 
 
 THREADS = 'import os, torch; print(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())\n'

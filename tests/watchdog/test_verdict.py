@@ -25,7 +25,7 @@ def verdict(world, dumps):
 
 def test_a_rank_that_did_not_answer_is_the_suspect_and_the_others_wait_for_it():
     v = verdict(4, {0: dump(0), 1: dump(1), 3: dump(3)})
-    assert v.suspects == (2,)
+    assert v.suspects == v.stuck == (2,)
     assert v.lines[0].startswith("slurmddp: no rank made progress for 21 s (hang timeout 20 s)")
     assert "rank 2 on n2 stopped progressing: it did not answer: its process is stopped" in (
         v.lines[1])
@@ -36,7 +36,7 @@ def test_a_rank_that_did_not_answer_is_the_suspect_and_the_others_wait_for_it():
 
 def test_a_rank_outside_any_wait_holds_those_inside_one():
     v = verdict(4, {0: dump(0), 1: dump(1, **SLEEPING), 2: dump(2), 3: dump(3)})
-    assert v.suspects == (1,)
+    assert v.suspects == v.stuck == (1,)
     assert "rank 1 on n1 stopped progressing: it is not waiting for another rank: it is in " \
            "train.py:44 in step" in v.lines[1]  # fmt: skip
 
@@ -46,6 +46,7 @@ def test_the_odd_one_out_of_a_dead_lock_is_named_with_where_it_and_the_others_ar
     dumps = {r: dump(r) for r in (0, 2, 3)} | {1: dump(1, count=8, **checkpoint_wait)}
     v = verdict(4, dumps)
     assert v.suspects == (1,)
+    assert v.stuck == ()  # out of step is the code's path: no node is to blame
     assert ("rank 1 on n1 stopped progressing: it is at progress call 8 and collective 7, waiting "
             "in a wait for every rank, from train.py:56 in save, while the others are at progress "
             "call 7 and collective 7, waiting in a torch.distributed call, from train.py:50 in "

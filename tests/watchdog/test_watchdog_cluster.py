@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from slurmddp.rank import hostlist
 from slurmddp.watchdog.verdict import ranks_text
 from tests.conftest import ROOT
 from tests.preemption.test_preemption_cluster import Job
@@ -22,11 +23,12 @@ HANG = str(ROOT / "tests" / "programs" / "hang.py")
 TIMEOUT_S = 20
 
 
-def hang_job(cluster, tmp_path, mode: str, rank: int, at: int = 8) -> Job:
+def hang_job(cluster, tmp_path, mode: str, rank: int, *args: str, requeues: int = 0) -> Job:
     return Job(cluster, tmp_path, [
         "--nodes", "2", "--ntasks-per-node", "2", "--env", "OMP_NUM_THREADS=1",
-        "--hang-timeout", str(TIMEOUT_S), HANG, mode, "--rank", str(rank), "--at", str(at),
-        "--steps", "400", "--step-time", "0.1", "--checkpoints", str(tmp_path / "ckpt"),
+        "--hang-timeout", str(TIMEOUT_S), "--max-requeues", str(requeues), HANG, mode, "--rank",
+        str(rank), "--at", "8", "--steps", "400", "--step-time", "0.1", "--checkpoints",
+        str(tmp_path / "ckpt"), *args,
     ])  # fmt: skip
 
 
@@ -55,6 +57,11 @@ def test_a_hung_rank_ends_the_job_named_with_its_node(slurm_cluster, tmp_path, m
     others = ranks_text(r for r in range(4) if r != rank)
     assert f"slurmddp: ranks {others} merely wait for it" in batch, batch
     assert "the hang watchdog judged the run hung (above: which ranks); not requeued" in batch
+    # A rank stuck on its own may be its node's fault; one out of step (skip) is the code's.
+    blamed = f"{node} looks broken (rank {rank} on it stopped progressing (the hang watchdog's "
+    assert (blamed in batch) == (mode != "skip"), batch
+    if mode != "skip":
+        assert "not requeued without it: the limit of 0 requeues (--max-requeues)" in batch
     hang = job.folder / job.id / "hang"
     assert (hang / "report.txt").read_text() in batch
     answered = sorted(int(p.stem.split("-")[1]) for p in hang.glob("rank-*.txt"))
@@ -65,3 +72,17 @@ def test_a_hung_rank_ends_the_job_named_with_its_node(slurm_cluster, tmp_path, m
         took = ended - last_progress(job)
         print(f"{mode}: last progress to the job's end: {took:.1f} s (timeout {TIMEOUT_S} s)")
         assert took < TIMEOUT_S + 30, took
+
+
+@pytest.mark.every_slurm
+def test_a_rank_stuck_on_its_node_gets_the_job_requeued_without_that_node(slurm_cluster,
+                                                                          tmp_path):
+    job = hang_job(slurm_cluster, tmp_path, "stop", 2, "--steps", "40", "--first-run-only",
+                   requeues=1)  # fmt: skip
+    end = job.wait_end(timeout=300)
+    batch = job.batch_log
+    assert end["JobState"] == "COMPLETED", batch
+    assert ("hung at restart 0 because of node n2 (rank 2 on it stopped progressing (the hang "
+            "watchdog's suspect)): requeued without it (1 of 1); the job now excludes n2") in batch
+    second = re.findall(r"^slurmddp: job \d+ \(restart 1\) on (\S+)$", batch, re.M)
+    assert second and "n2" not in hostlist.expand(second[0]), batch
