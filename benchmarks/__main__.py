@@ -9,6 +9,7 @@ from benchmarks import (
     checkpoint_write,
     cli_latency,
     cpu_threads,
+    elastic_recovery,
     first_collective,
     hostlist_speed,
     preemption_turnaround,
@@ -24,6 +25,7 @@ BENCHMARKS = {
     "threads": lambda o: cpu_threads.run(300, o.repeats),
     "checkpoint": lambda o: checkpoint_write.run(o.size_mib, o.repeats, device=o.device),
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
+    "elastic": lambda o: elastic_recovery.run(o.repeats),
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
     "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
 }

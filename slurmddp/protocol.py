@@ -41,6 +41,8 @@ DONE_FILE_VAR: Final = "SLURMDDP_DONE_FILE"  # rank 0: mark_done() reached
 ASKED_FILE_VAR: Final = "SLURMDDP_ASKED_FILE"  # rank 0: the script called should_stop()
 STOP_FILE_VAR: Final = "SLURMDDP_STOP_FILE"  # the shell: a stop signal came (for ranks starting)
 FAILURE_FILE_VAR: Final = "SLURMDDP_FAILURE_FILE"  # every rank that fails: one line each
+# torchrun's agents (slurmddp.agent): too few nodes came back to the rendezvous after a loss.
+NODES_LOST_FILE_VAR: Final = "SLURMDDP_NODES_LOST_FILE"
 # The shell: each node left behind when the job was requeued, and why (`slurmddp status`).
 EXCLUDED_FILE_VAR: Final = "SLURMDDP_EXCLUDED_FILE"
 # The local emulation's restart counter, written by rank 0 when it asks submitit for a requeue.
@@ -54,6 +56,7 @@ STATE_FILES: Final = (
     (STOP_FILE_VAR, "stop"),
     (FAILURE_FILE_VAR, "failures"),
     (EXCLUDED_FILE_VAR, "excluded"),
+    (NODES_LOST_FILE_VAR, "nodes-lost"),
     (HANG_DIR_VAR, "hang"),  # a directory: the watchdog's stacks, report and per-run state
 )
 

@@ -47,6 +47,8 @@ class Cluster:
 
     slurm_conf: str
     path: str  # with the version's Slurm commands first
+    etcd: str  # HOST:PORT of the cluster's etcd (v2 API on)
+    state_dir: Path  # scripts/slurm-cluster's: configs, logs, the daemons' pid files in run/
     version: str = SLURM_VERSION
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -93,13 +95,15 @@ def slurm_cluster() -> Cluster:
     return Cluster(*cluster_env())
 
 
-def cluster_env() -> tuple[str, str]:
-    """SLURM_CONF and PATH as `scripts/slurm-cluster env` sets them."""
-    shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf "%s\\n%s" '
-                            '"$SLURM_CONF" "$PATH"'], capture_output=True, text=True,
-                           check=True).stdout  # fmt: skip
-    conf, path = shown.split("\n", 1)
-    return conf, path
+def cluster_env() -> tuple[str, str, str, Path]:
+    """SLURM_CONF, PATH, the etcd endpoint and the state directory, from `scripts/slurm-cluster
+    env`."""
+    shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf '
+                            '"%s\\n%s\\n%s\\n%s" "$SLURM_CONF" "$SLURMDDP_TEST_ETCD" '
+                            '"$SLURMDDP_TEST_CLUSTER_DIR" "$PATH"'],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    conf, etcd, state_dir, path = shown.split("\n", 3)
+    return conf, path, etcd, Path(state_dir)
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +120,18 @@ def wait_until(predicate, timeout: float, what: str | Callable[[], str], interva
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what() if callable(what) else what}")
+
+
+@pytest.fixture(scope="session")
+def reference_digest(slurm_cluster, tmp_path_factory) -> str:
+    """The parameters of an uninterrupted run of examples/resumable_train.py (2 nodes x 2 ranks,
+    300 steps), which the tests interrupt in every way and compare bit for bit."""
+    from tests.preemption.test_preemption_cluster import Job, train_args
+
+    tmp = tmp_path_factory.mktemp("reference")
+    job = Job(slurm_cluster, tmp, train_args(tmp / "ckpt", steps=300, step_time=0))
+    end = job.wait_end()
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log
+    digests = {x["digest"] for x in job.results()}
+    assert len(digests) == 1 and len(job.results()) == 4, job.results()
+    return digests.pop()

@@ -10,6 +10,7 @@ from benchmarks import (
     checkpoint_write,
     cli_latency,
     cpu_threads,
+    elastic_recovery,
     first_collective,
     hostlist_speed,
     preemption_turnaround,
@@ -56,6 +57,12 @@ def test_rendezvous_scale():
 @pytest.mark.cluster
 def test_preemption_turnaround(slurm_cluster):
     check(preemption_turnaround.run(repeats=1))
+
+
+@pytest.mark.cluster
+@pytest.mark.elastic
+def test_elastic_recovery(slurm_cluster):
+    check(elastic_recovery.run(repeats=1))
 
 
 @pytest.mark.cluster

@@ -60,6 +60,7 @@ MANAGED_SBATCH_OPTIONS = {
 }  # fmt: skip
 
 _INTEGER = re.compile(r"[0-9]+")
+_ENDPOINT = re.compile(r"[A-Za-z0-9_.-]+:[0-9]{1,5}")
 _NODES = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 # sbatch --mem: megabytes, or a K, M, G or T suffix with an optional B (sbatch 22.05 takes 1GB
 # but refuses 1GiB and 1.5G).
@@ -110,6 +111,9 @@ class JobSpec:
     preflight: bool = DEFAULTS["preflight"]
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
     rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
+    rdzv_backend: str = DEFAULTS["rdzv_backend"]
+    spare_nodes: int = DEFAULTS["spare_nodes"]
+    rdzv_endpoint: str | None = None  # None: the first node (c10d only)
     snapshot: bool = DEFAULTS["snapshot"]
     snapshot_max_mib: int = DEFAULTS["snapshot_max_mib"]
     snapshot_max_files: int = DEFAULTS["snapshot_max_files"]
@@ -121,6 +125,18 @@ class JobSpec:
         if self.nodes_min == self.nodes_max:
             return str(self.nodes_min)
         return f"{self.nodes_min}-{self.nodes_max}"
+
+    @property
+    def allocated_nodes(self) -> str:
+        """The nodes the job asks Slurm for: `nodes`, plus the spares."""
+        low, high = self.nodes_min + self.spare_nodes, self.nodes_max + self.spare_nodes
+        return str(low) if low == high else f"{low}-{high}"
+
+    @property
+    def elastic(self) -> bool:
+        """torchrun's agents go on in place when a node is lost: a node range, or spares."""
+        return self.launcher == "torchrun" and (
+            self.nodes_min < self.nodes_max or self.spare_nodes > 0)
 
 
 # --- parsers ------------------------------------------------------------------------------------
@@ -270,11 +286,37 @@ def _check_launch(spec: JobSpec) -> None:
             )
     _check_count("max_restarts", spec.max_restarts)
     _check_count("hang_timeout", spec.hang_timeout)
+    _check_rdzv(spec)
+    _check_count("spare_nodes", spec.spare_nodes)
+    if spec.spare_nodes and spec.launcher != "torchrun":
+        raise SpecError(f"spare_nodes={spec.spare_nodes} needs launcher torchrun (its agents take "
+                        "a spare into the rendezvous): use launcher torchrun")  # fmt: skip
+    if spec.elastic and not spec.max_restarts:
+        raise SpecError(f"nodes {spec.nodes} with {spec.spare_nodes} spare under torchrun go on "
+                        "when a node is lost by restarting the workers: give max_restarts, the "
+                        "losses to survive (e.g. --max-restarts 3)")  # fmt: skip
     if spec.max_restarts and spec.launcher != "torchrun":
         raise SpecError(
             f"max_restarts={spec.max_restarts} needs launcher torchrun (srun does not restart "
             "ranks): use launcher torchrun, or leave max_restarts at 0"
         )
+
+
+def _check_rdzv(spec: JobSpec) -> None:
+    """torchrun's rendezvous: a backend it knows, and the endpoint an external one needs."""
+    if spec.rdzv_backend not in options.RDZV_BACKENDS:
+        raise SpecError(f"rdzv_backend={spec.rdzv_backend!r} is not one of "
+                        f"{', '.join(options.RDZV_BACKENDS)}")  # fmt: skip
+    given = spec.rdzv_endpoint is not None or spec.rdzv_backend != "c10d"
+    if given and spec.launcher != "torchrun":
+        raise SpecError(f"rdzv_backend/rdzv_endpoint are torchrun's, but launcher is "
+                        f"{spec.launcher!r}: use launcher torchrun")  # fmt: skip
+    if spec.rdzv_backend != "c10d" and spec.rdzv_endpoint is None:
+        raise SpecError(f"rdzv_backend={spec.rdzv_backend} needs rdzv_endpoint, the server's "
+                        "HOST:PORT (e.g. etcd.cluster:2379)")  # fmt: skip
+    if spec.rdzv_endpoint is not None and not _ENDPOINT.fullmatch(spec.rdzv_endpoint):
+        raise SpecError(f"rdzv_endpoint={spec.rdzv_endpoint!r} is not HOST:PORT: give e.g. "
+                        "etcd.cluster:2379")  # fmt: skip
 
 
 def _check_stop(spec: JobSpec) -> None:
@@ -422,7 +464,8 @@ def build_spec(
     as_given = ("gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint",
                 "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
                 "signal_lead", "hang_timeout", "preflight", "snapshot", "snapshot_max_mib",
-                "snapshot_max_files")  # fmt: skip
+                "snapshot_max_files", "rdzv_backend", "rdzv_endpoint",
+                "spare_nodes")  # fmt: skip
     spec = JobSpec(
         target=target,
         job_name=_default_job_name(target) if v["job_name"] is None else v["job_name"],

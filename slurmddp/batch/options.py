@@ -40,6 +40,7 @@ __all__ = [
 ]  # fmt: skip
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
+RDZV_BACKENDS = ("c10d", "etcd-v2")  # torchrun's, as slurmddp sets them up
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Slurm keeps the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD = 0xFFFF
@@ -279,12 +280,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_requeues", "count", "requeues allowed after preemption",
            default=DEFAULT_MAX_REQUEUES),
     Option("max_restarts", "count", "torchrun's restarts of failed workers", default=0),
+    Option("spare_nodes", "count", "nodes held in reserve under torchrun: one takes a lost "
+           "node's place in the same world size, without a requeue", default=0),
     Option("hang_timeout", "count", "seconds in which no rank made progress (should_stop, "
            "heartbeat) before the job is judged hung, its stacks written and the job ended; "
            "0: no hang watchdog", default=DEFAULT_HANG_TIMEOUT_S),
     Option("preflight", "bool", "before training, prove every node (its GPUs, the collectives "
            "across nodes); a node that fails is left behind and the job requeued at once",
            default=False),
+    Option("rdzv_backend", "choice", "torchrun's rendezvous: c10d (a store on the first node) or "
+           "etcd-v2 (an etcd server's v2 API, which outlives any node of the job)",
+           default="c10d", choices=RDZV_BACKENDS),
+    Option("rdzv_endpoint", "text", "HOST:PORT of torchrun's rendezvous (etcd-v2: the etcd "
+           "server); unset under c10d: the first node, on a port derived from the job id"),
     Option("launcher", "choice", "what starts the ranks (torchrun: one per node)",
            default="srun", choices=LAUNCHERS),
     Option("backend", "choice", "the process group's backend", default="auto", choices=BACKENDS),

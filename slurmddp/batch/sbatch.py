@@ -74,7 +74,8 @@ def context(spec: JobSpec) -> dict[str, object]:
     return {
         **{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
         "output_dir": root,
-        "nodes": spec.nodes,
+        "nodes": spec.allocated_nodes,
+        "elastic": spec.elastic,
         # Slurm tasks per node: under torchrun, one per node that starts the workers itself.
         "tasks_per_node": 1 if torchrun else spec.ntasks_per_node,
         "cpus_per_task": (
@@ -82,10 +83,11 @@ def context(spec: JobSpec) -> dict[str, object]:
         ),
         "batch_log": f"{log_root}/%j.batch.log",
         "rank_log": f"{log_root}/%j/" + ("node-%n.log" if torchrun else "rank-%t.log"),
-        # A node range is settled when the job starts. torchrun's MIN:MAX would wait its
-        # last-call timeout (30 s) for nodes the allocation will never have, and cannot use
-        # them anyway: --kill-on-bad-exit ends the step when any node's torchrun fails.
-        "fixed_nodes": spec.nodes_min == spec.nodes_max,
+        # Elastic (a node range or spares under torchrun): the agents take MIN up to the nodes
+        # the allocation got, less the spares, so the first rendezvous closes as soon as all
+        # have joined (torchrun's MIN:MAX would otherwise wait its last call for nodes the
+        # allocation never has); a spare waits in torchrun's redundancy list.
+        "fixed_nodes": spec.nodes_min == spec.nodes_max,  # for user templates written for it
         "nproc_per_node": spec.ntasks_per_node,
         "p": protocol.template_names(),
         "state_files": protocol.STATE_FILES,

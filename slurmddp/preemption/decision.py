@@ -13,7 +13,8 @@ The rules, first match wins:
 
 0. The shell (or rank 0) could not requeue the job as decided: if Slurm's record shows the
    requeue went through anyway (its answer was lost), nothing to do; otherwise the job stops.
-1. The ranks reached `mark_done()`: the work is done, whatever happened after.
+1. The ranks reached `mark_done()`: the work is done, whatever happened after (the step fails
+   if it ended non-zero, unless elastic: a node lost along the way ends it so).
    The hang watchdog ended the run (`slurmddp.watchdog`): the job fails (its report says why),
    unless its suspects are stuck on their own on one node: then it is requeued without that
    node (below).
@@ -29,7 +30,8 @@ The rules, first match wins:
    On SIGTERM without preemption (scancel, the hard time limit): never requeue.
 6. A stop signal came before the step started: requeue. The preflight (``--preflight``) failed:
    requeue without the node it failed on (below), else the job fails.
-7. The step ended 0: finished. Otherwise it failed; a failure laid on a node (a rank of it ended
+7. The step ended 0: finished. Otherwise it failed; elastic, with fewer nodes left than the
+   minimum (an agent said so), the job is requeued; a failure laid on a node (a rank of it ended
    by SIGBUS, a broken GPU: `slurmddp.preemption.nodes`) requeues the job without that node.
 
 A requeue without a node counts against the same budget, and happens only while the partition
@@ -98,6 +100,8 @@ class Facts:
     # scontrol said (may be empty). `job` is then Slurm's record read after the attempt.
     requeue_error: str | None = None
     hung: bool = False  # the hang watchdog ended the run
+    elastic: bool = False  # torchrun's agents go on without a lost node (slurmddp submit)
+    nodes_lost: str | None = None  # an agent's line: too few nodes came back to the rendezvous
     suspects: tuple[tuple[int, str], ...] = ()  # the hang's suspects: (rank, node)
     seen: str | None = None  # srun's first error line of this run ("srun: error: NODE: task...")
     reported: str | None = None  # the first failure a rank reported (the failure file's first line)
@@ -124,6 +128,9 @@ def decide(f: Facts) -> Decision:
     if f.done:
         if f.step_status in (0, None):
             return Decision("done", 0, notes)
+        if f.elastic:  # a lost node's agent ends the step non-zero; the others finished the work
+            return Decision("done", 0, (*notes, *_failure(f).summary(), (
+                "the work is done: the other nodes went on without the one lost (elastic)")))
         return Decision("fail", f.step_status, (*notes, *_failure(f).summary()))
     if f.hung:
         return _without_node(f, nodes.hang_blame(f.suspects), "hung", notes, Decision(
@@ -176,6 +183,9 @@ def decide(f: Facts) -> Decision:
                  f"{', '.join(f.received)}; no rank asked for a requeue")  # fmt: skip
     failure = _failure(f)
     said = (*notes, *failure.summary())
+    if f.elastic and f.nodes_lost:
+        return _requeue(f, "nodes lost: fewer than the minimum rejoined torchrun's rendezvous",
+                        (*said, f.nodes_lost.removeprefix("slurmddp: ")))  # fmt: skip
     return _without_node(f, failure.blame(), "failed", said,
                          Decision("fail", f.step_status, said))
 
@@ -339,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--protocol-unused", action="store_true",
                    help="the script never called should_stop()")  # fmt: skip
     p.add_argument("--hung", action="store_true", help="the hang watchdog ended the run")
+    p.add_argument("--elastic", action="store_true", help="the agents go on without a lost node")
+    p.add_argument("--nodes-lost", help="an agent's line: too few nodes rejoined its rendezvous")
     p.add_argument("--suspect", action="append", default=[], metavar="RANK:NODE",
                    help="a rank the hang watchdog named, and its node")
     p.add_argument("--srun-error", help="srun's first error line of this run")
@@ -358,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            received=tuple(dict.fromkeys(args.received)),
                            job=job_fields(job), partition=nodes.partition_fields(shown),
                            requeue_error="" if args.requeue_failed else None,
-                           hung=args.hung, seen=args.srun_error or None,
+                           hung=args.hung, elastic=args.elastic, seen=args.srun_error or None,
+                           nodes_lost=args.nodes_lost or None,
                            reported=args.rank_failure or None,
                            preflight_status=args.preflight_status,
                            suspects=tuple((int(r), n) for r, _, n in suspects if r.isdigit()),

@@ -123,7 +123,7 @@ def exclusion(node: str, job: Mapping[str, str], partition: Mapping[str, str]
     if total - len(after) < needed:
         return None, (f"the job needs {needed} of partition {partition.get('PartitionName', '?')}'s"
                       f" {total} nodes and would then exclude {len(after)}")  # fmt: skip
-    return hostlist.compress(after), ""
+    return hostlist.compress(sorted(after, key=_natural)), ""
 
 
 def partition_fields(lines: Sequence[str]) -> dict[str, str]:
@@ -137,6 +137,11 @@ def partition_fields(lines: Sequence[str]) -> dict[str, str]:
 def _count(text: str | None) -> int | None:
     m = re.match(r"\d+", text or "")  # NumNodes may be a range, 2-4: the least is what must fit
     return int(m.group()) if m else None
+
+
+def _natural(node: str) -> list[tuple[int, int, str]]:
+    """n2 before n10; a number never meets a word (its tag comes first)."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", node)]
 
 
 def _strip(line: str) -> str:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from slurmddp.preemption import signals
+from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
 from slurmddp.rank.env import derive_port
 
 
@@ -69,10 +70,68 @@ def with_rdzv_port(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]
     return args
 
 
+def _option(args: Sequence[str], *names: str) -> str | None:
+    """The value of the first of `names` in `args` (``--name value`` or ``--name=value``)."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
+def with_rdzv_conf(argv: Sequence[str], environ: Mapping[str, str], timeout_s: float) -> list[str]:
+    """`argv` with torchrun's ``--rdzv-conf``: the join timeout is the start-up timeout
+    ($SLURMDDP_STARTUP_TIMEOUT); under c10d inside a Slurm step, the store's host is the agent of
+    the endpoint's node, by name. torch guesses it from addresses instead, which fails where node
+    names and host names differ, and where several nodes share a host (each then thinks it is
+    the one). Options that give a ``--rdzv-conf`` of their own are left as they are."""
+    args = list(argv)
+    if _option(args, "--rdzv-conf", "--rdzv_conf") is not None:
+        return args  # (a script's own option of that name counts too: rare, and harmless)
+    conf = f"join_timeout={timeout_s:g}"
+    endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint")
+    node = environ.get("SLURMD_NODENAME")
+    backend = _option(args, "--rdzv-backend", "--rdzv_backend") or "static"
+    if backend == "c10d" and endpoint and node:
+        conf += f",is_host={str(endpoint.rsplit(':', 1)[0] == node).lower()}"
+    return [f"--rdzv-conf={conf}", *args]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     # Workers are born with the stop signal blocked, so it cannot end one before its runner
     # takes it; the relay then reaches them as a pending signal at the latest.
     signals.route(signals.stop_signal(os.environ), _relay)
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import main as torchrun
 
-    torchrun(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ))
+    from slurmddp.rank.startup import host_name, startup_timeout
+
+    # Each rendezvous round gets a store of its own (rank 0's worker serves it, on a port the
+    # round's agents agree on). torchrun's default shares the agents' store with the workers
+    # across rounds, under the same keys: a restarted worker then reads a dead one's address
+    # (gloo's full mesh), and a spare that joins in a later round counts other restarts.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    timeout_s = startup_timeout(os.environ)
+    args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
+                          os.environ, timeout_s)  # fmt: skip
+    try:
+        torchrun(args)
+    except AttributeError as e:
+        # torch 2.13: a spare's agent, still waiting when the others' work ends and closes the
+        # rendezvous, gets None from its run and torchrun fails reading it (launch_agent).
+        if "is_failed" not in str(e):
+            raise
+        print(f"slurmddp: agent (host {host_name()}): a spare, released: the rendezvous closed",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(0) from None
+    except RendezvousTimeoutError:
+        # Too few nodes came back after a loss (or at the start) for --nnodes' minimum: the
+        # batch shell's decision requeues the job (slurmddp.preemption.decision).
+        line = (f"slurmddp: agent (host {host_name()}): fewer nodes than the minimum joined "
+                f"torchrun's rendezvous within {timeout_s:g} s")  # fmt: skip
+        print(line, file=sys.stderr, flush=True)
+        path = os.environ.get(NODES_LOST_FILE_VAR)
+        if path:
+            with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        raise SystemExit(NOT_REQUEUED_STATUS) from None

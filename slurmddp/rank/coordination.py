@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 # Long enough for any checkpoint write; a lost rank 0 ends the wait at once (its store goes).
@@ -50,10 +51,22 @@ def available() -> bool:
     return td.is_available() and td.is_initialized() and td.get_world_size() == _world_size
 
 
+def attempt(environ: Mapping[str, str]) -> str:
+    """Which start of the workers this is, the same on every rank: the job's restart, and under
+    torchrun its rendezvous round. The round is not torchrun's restart count, which a spare that
+    joins later does not share: with a store of its own per round (slurmddp.agent's default),
+    the port rank 0 serves it on; with the agents' shared store, the restart count."""
+    job = environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return job
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+        return f"{job}.p{environ.get('MASTER_PORT', '0')}"
+    return f"{job}.{environ.get('TORCHELASTIC_RESTART_COUNT', '0') or '0'}"
+
+
 def namespace() -> str:
-    """The key prefix of this run: job restart, torchrun restart and process group generation."""
-    return (f"slurmddp/{os.environ.get('SLURM_RESTART_COUNT', '0')}/"
-            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{_generation}")  # fmt: skip
+    """The key prefix of this run: its attempt and the process group's generation."""
+    return f"slurmddp/{attempt(os.environ)}/{_generation}"
 
 
 def connect(timeout: datetime.timedelta = FOREVER) -> Any:

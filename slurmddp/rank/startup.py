@@ -227,6 +227,7 @@ def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any
         # torch's own: its errors for a missing variable; torchrun's agent hosting the store.
         store, rank, world_size = torch_env(url, timeout)
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+
     else:
         libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
         store = open_store(addr, port, rank, world_size, limit, libuv)

@@ -89,9 +89,10 @@ class Layout:
 
 
 def run_name(environ: Mapping[str, str]) -> str:
-    """This run's name: the job's restart count and torchrun's."""
-    return (f"{environ.get('SLURM_RESTART_COUNT', '0') or '0'}."
-            f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0') or '0'}")  # fmt: skip
+    """This run's name, the same on every rank (`slurmddp.rank.coordination.attempt`)."""
+    from slurmddp.rank.coordination import attempt
+
+    return attempt(environ)
 
 
 def from_env(environ: Mapping[str, str]) -> tuple[Layout, float] | None:

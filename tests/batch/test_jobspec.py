@@ -191,6 +191,12 @@ BAD_SPECS = [
     ({"python": ""}, "python=''"),
     ({"rdzv_port": 0}, "rdzv_port=0"),
     ({"rdzv_port": 65536}, "rdzv_port=65536"),
+    ({"rdzv_backend": "etcd", "launcher": "torchrun"}, "rdzv_backend='etcd' is not one of"),
+    ({"rdzv_backend": "etcd-v2", "launcher": "torchrun"},
+     "rdzv_backend=etcd-v2 needs rdzv_endpoint"),
+    ({"rdzv_endpoint": "etcd:2379"}, "rdzv_backend/rdzv_endpoint are torchrun's"),
+    ({"rdzv_endpoint": "etcd", "launcher": "torchrun"}, "rdzv_endpoint='etcd' is not HOST:PORT"),
+    ({"rdzv_endpoint": "a b:1; x", "launcher": "torchrun"}, "is not HOST:PORT"),
 ]
 
 
@@ -198,6 +204,8 @@ def test_the_good_spec_is_valid():
     validate(GOOD)
     validate(dataclasses.replace(GOOD, gpus_per_node=8, ntasks_per_node=8, backend="nccl"))
     validate(dataclasses.replace(GOOD, launcher="torchrun", max_restarts=3, nodes_max=4))
+    validate(dataclasses.replace(GOOD, launcher="torchrun", rdzv_backend="etcd-v2",
+                                 rdzv_endpoint="etcd-1.hpc.example:2379"))
     validate(dataclasses.replace(GOOD, target=("-m", "pkg.train", "--x"), partition="a,b"))
     validate(dataclasses.replace(GOOD, sbatch_args=("--mail-type=END", "--comment=a # b 'c'")))
 

@@ -72,6 +72,14 @@ CASES = {
         BASE, target=("/scratch/runs/snapshots/0123456789abcdef/src/train.py", "--lr", "0.1"),
         code_dir="/scratch/runs/snapshots/0123456789abcdef/src", nodes_min=2, nodes_max=2,
     ),
+    "torchrun_etcd": dataclasses.replace(
+        BASE, nodes_min=2, nodes_max=2, ntasks_per_node=2, launcher="torchrun",
+        rdzv_backend="etcd-v2", rdzv_endpoint="etcd.cluster:2379",
+    ),
+    "srun_preflight": dataclasses.replace(
+        BASE, nodes_min=2, nodes_max=2, ntasks_per_node=4, gpus_per_node=4, cpus_per_task=8,
+        preflight=True, srun_args=("--mpi=pmix",),
+    ),
 }  # fmt: skip
 
 
@@ -142,8 +150,13 @@ def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
     assert (ctx["tasks_per_node"], ctx["cpus_per_task"], ctx["nproc_per_node"]) == (1, 24, 4)
     assert ctx["rank_log"] == "/scratch/runs/%j/node-%n.log"
     script = render_script(CASES["torchrun_nodes_1-4"])
-    assert '--nnodes="$SLURM_JOB_NUM_NODES"' in script
+    # A node range is elastic: MIN up to what the allocation got, less the spares.
+    assert '--nnodes=1:"$SLURM_JOB_NUM_NODES"' in script and "#SBATCH --no-kill" in script
     assert "--nnodes=2 " in render_script(CASES["torchrun_cpu_no_requeue"])
+    spare = render_script(dataclasses.replace(CASES["torchrun_cpu_no_requeue"], spare_nodes=1,
+                                              max_restarts=2))  # fmt: skip
+    assert "#SBATCH --nodes=3\n" in spare and '--nnodes=2:"$((SLURM_JOB_NUM_NODES - 1))"' in spare
+    assert "srun --kill-on-bad-exit=0 --no-kill " in spare
 
 
 def test_log_paths_escape_percent_for_slurm_but_not_for_mkdir():
@@ -290,7 +303,8 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
             tail = ["-m", "slurmddp.run", "--tag-output", *spec.target]
             assert argv[:2] == ["-m", "slurmddp.agent"] and argv[-len(tail) :] == tail
             # The agent adds the port, derived from the job (slurmddp.agent).
-            assert "--rdzv-endpoint=n1" in argv and "--rdzv-id=4242" in argv
+            # One rendezvous id per run of the job: a requeued run meets no earlier state.
+            assert "--rdzv-endpoint=n1" in argv and "--rdzv-id=4242.0" in argv
         for key, value in dict(spec.env).items():
             assert record["env"][key] == value
         assert record["env"]["FROM_SETUP"] == "ran"
@@ -385,7 +399,8 @@ echo "scontrol $*" >> "$CALLS"
 shown=$RESTARTS_SHOWN
 if [[ -e $CALLS.requeued ]]; then shown=${RESTARTS_AFTER_REQUEUE:-$shown}; fi
 case $1 in
-    show) echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=$shown $SHOW_JOB" ;;
+    show) if [[ $2 == partition ]]; then echo "PartitionName=$3 TotalNodes=4"
+          else echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=$shown $SHOW_JOB"; fi ;;
     requeue) : >"$CALLS.requeued"; exit "${REQUEUE_STATUS:-0}" ;;
 esac
 """
@@ -393,6 +408,7 @@ esac
 DECISION_STEP = """#!/bin/bash
 echo step >> "$CALLS"
 if [[ -n ${LEAVE:-} ]]; then printf '%s\\n' "$LEAVE" > "$SLURMDDP_REQUEUE_FILE"; fi
+if [[ -n ${REPORT:-} ]]; then echo "$REPORT" >> "$SLURMDDP_FAILURE_FILE"; fi
 exit "${STEP_STATUS:-0}"
 """
 
@@ -429,6 +445,21 @@ def test_the_batch_shell_requeues_when_rank_0_asks(tmp_path, case, env, status, 
     assert says in r.stdout + r.stderr
     assert recorded[0] == "step" and recorded[-1] == calls[-1], recorded
     assert not (out / "7" / "requeue").exists() and not (out / "7" / "done").exists()
+
+
+def test_a_failure_laid_on_a_node_requeues_the_job_without_it(tmp_path):
+    ecc = ("slurmddp: rank 5 (host n2) failed: RuntimeError: CUDA error: uncorrectable ECC error "
+           "encountered")  # fmt: skip
+    r, out, recorded = run_decision(tmp_path, {
+        "STEP_STATUS": "1", "REPORT": ecc, "SLURM_JOB_PARTITION": "debug",
+        "SHOW_JOB": "NumNodes=2 ExcNodeList=n4 Requeue=1 PreemptTime=None"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    # Slurm takes a new ExcNodeList only from a pending job: after the requeue.
+    assert recorded == ["step", "scontrol requeue 7", "scontrol update JobId=7 ExcNodeList=n[2,4]"]
+    assert "because of node n2 (rank 5 on it failed: RuntimeError: CUDA error: uncorrectable" in (
+        r.stderr)
+    assert (out / "7" / "excluded").read_text() == (
+        "n2: rank 5 on it failed: RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
 
 
 def test_a_step_that_ends_without_asking_is_done_and_never_runs_again(tmp_path):

@@ -169,6 +169,24 @@ def test_a_user_template_renders_with_the_same_variables_and_filters(tmp_path):
     assert "#SBATCH --job-name=ddp_train" in r.stdout
 
 
+def test_the_etcd_rendezvous_reaches_torchrun_from_the_command_line_or_a_profile(tmp_path):
+    state = tmp_path / "state"
+    r = slurmddp("template", "--launcher", "torchrun", "--rdzv-backend", "etcd-v2",
+                 "--rdzv-endpoint", "etcd.hpc:2379", TRAIN, cwd=tmp_path, state=state)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert " --rdzv-backend=etcd-v2 --rdzv-endpoint=etcd.hpc:2379 " in r.stdout
+    assert "head_node=" not in r.stdout  # the first node is no part of it
+    (tmp_path / "slurmddp.toml").write_text(
+        'launcher = "torchrun"\nrdzv_backend = "etcd-v2"\nrdzv_endpoint = "etcd.hpc:2379"\n')
+    r = slurmddp("template", TRAIN, cwd=tmp_path, state=state)
+    assert " --rdzv-backend=etcd-v2 --rdzv-endpoint=etcd.hpc:2379 " in r.stdout, r.stderr
+    r = slurmddp("template", "--rdzv-endpoint", "", TRAIN, cwd=tmp_path, state=state)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    # The default stays torchrun's c10d store on the first node.
+    r = slurmddp("template", "--launcher", "torchrun", TRAIN, cwd=tmp_path / "..", state=state)
+    assert ' --rdzv-backend=c10d --rdzv-endpoint="$head_node" ' in r.stdout, r.stderr
+
+
 def test_max_restarts_reaches_torchrun_from_the_command_line_or_a_profile(tmp_path):
     state = tmp_path / "state"
     r = slurmddp("template", "--launcher", "torchrun", "--max-restarts", "2", TRAIN, cwd=tmp_path,

@@ -13,7 +13,7 @@
 
 # sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
 # tried by hand) must not decide the ranks, nor the run id of a job that submitted this one name
-# this one's run. --env values (SLURMDDP_RUN_ID=... included) are exported after the setup lines.
+# this one's run. --env values (a run id given there included) are exported after the setup lines.
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS SLURMDDP_RUN_ID
 for name in ${!TORCHELASTIC_@}; do unset "$name"; done
 
@@ -33,6 +33,7 @@ export SLURMDDP_ASKED_FILE="$job_dir"/asked
 export SLURMDDP_STOP_FILE="$job_dir"/stop
 export SLURMDDP_FAILURE_FILE="$job_dir"/failures
 export SLURMDDP_EXCLUDED_FILE="$job_dir"/excluded
+export SLURMDDP_NODES_LOST_FILE="$job_dir"/nodes-lost
 export SLURMDDP_HANG_DIR="$job_dir"/hang
 # The code: its snapshot taken at submission, the same for every run, requeued ones too (the
 # script's copy is run, and -m modules are imported from it first); the working directory stays
@@ -52,7 +53,8 @@ if [[ -e $SLURMDDP_DONE_FILE ]]; then
 fi
 # An earlier run's (one killed before its decision leaves them behind); the hang watchdog's
 # stacks and report of an earlier run stay, its working state goes.
-rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE"
+rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE" \
+    "$SLURMDDP_NODES_LOST_FILE"
 rm -rf -- "$SLURMDDP_HANG_DIR/.state"
 
 # Signals are taken from here on, setup included: the stop signal would otherwise end this shell.

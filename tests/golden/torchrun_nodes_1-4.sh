@@ -7,6 +7,7 @@
 #SBATCH --time=120
 #SBATCH --output=/scratch/runs/%j.batch.log
 #SBATCH --open-mode=append
+#SBATCH --no-kill
 #SBATCH --requeue
 #SBATCH --signal=B:USR2@300
 
@@ -17,7 +18,7 @@
 
 # sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
 # tried by hand) must not decide the ranks, nor the run id of a job that submitted this one name
-# this one's run. --env values (SLURMDDP_RUN_ID=... included) are exported after the setup lines.
+# this one's run. --env values (a run id given there included) are exported after the setup lines.
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE MV2_COMM_WORLD_RANK MV2_COMM_WORLD_SIZE MV2_COMM_WORLD_LOCAL_RANK MV2_COMM_WORLD_LOCAL_SIZE PMI_RANK PMI_SIZE MPI_LOCALRANKID MPI_LOCALNRANKS SLURMDDP_RUN_ID
 for name in ${!TORCHELASTIC_@}; do unset "$name"; done
 
@@ -37,6 +38,7 @@ export SLURMDDP_ASKED_FILE="$job_dir"/asked
 export SLURMDDP_STOP_FILE="$job_dir"/stop
 export SLURMDDP_FAILURE_FILE="$job_dir"/failures
 export SLURMDDP_EXCLUDED_FILE="$job_dir"/excluded
+export SLURMDDP_NODES_LOST_FILE="$job_dir"/nodes-lost
 export SLURMDDP_HANG_DIR="$job_dir"/hang
 # The code: its files as they are when each run starts (no snapshot of it was taken).
 restart=${SLURM_RESTART_COUNT:-0}
@@ -53,7 +55,8 @@ if [[ -e $SLURMDDP_DONE_FILE ]]; then
 fi
 # An earlier run's (one killed before its decision leaves them behind); the hang watchdog's
 # stacks and report of an earlier run stay, its working state goes.
-rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE"
+rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE" \
+    "$SLURMDDP_NODES_LOST_FILE"
 rm -rf -- "$SLURMDDP_HANG_DIR/.state"
 
 # Signals are taken from here on, setup included: the stop signal would otherwise end this shell.
@@ -126,11 +129,12 @@ if [[ -n $received ]]; then
     echo "slurmddp:${received} came before the step started: not starting it" >&2
 else
     # srun 22.05 no longer takes --cpus-per-task from the job: the step asks for it again.
-    run_step srun --kill-on-bad-exit=1 --open-mode=append --output=/scratch/runs/%j/node-%n.log \
+    # Elastic: a node's end ends neither the step nor the job; the other agents re-rendezvous.
+    run_step srun --kill-on-bad-exit=0 --no-kill --open-mode=append --output=/scratch/runs/%j/node-%n.log \
         --ntasks-per-node=1 --cpus-per-task=4 \
         sh -c 'trap "" USR2; exec "$@"' slurmddp-rank /opt/venv/bin/python -m slurmddp.agent \
-        --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=4 \
-        --rdzv-backend=c10d --rdzv-endpoint="$head_node":29500 --rdzv-id="$SLURM_JOB_ID" \
+        --nnodes=1:"$SLURM_JOB_NUM_NODES" --nproc-per-node=4 \
+        --rdzv-backend=c10d --rdzv-endpoint="$head_node":29500 --rdzv-id="$SLURM_JOB_ID.$restart" \
         --max-restarts=2 \
         -m slurmddp.run --tag-output -m pkg.train --config 'conf/big run.yaml'
 fi
@@ -156,6 +160,10 @@ if [[ -e $SLURMDDP_REQUEUE_FILE ]]; then
 fi
 if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
 if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
+facts+=(--elastic)
+if [[ -s $SLURMDDP_NODES_LOST_FILE ]]; then
+    facts+=(--nodes-lost "$(head -n 1 -- "$SLURMDDP_NODES_LOST_FILE")")
+fi
 for sig in $received; do facts+=(--received "$sig"); done
 hung=0
 for verdict in "$SLURMDDP_HANG_DIR"/.state/*/verdict; do

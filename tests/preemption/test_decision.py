@@ -50,6 +50,13 @@ CASES = [
     # (id, facts, action, status, a phrase of the message)
     ("done", facts(done=True, job=PREEMPTED), "done", 0, None),
     ("done-then-failed", facts(done=True, step_status=1), "fail", 1, None),
+    ("elastic-below-the-minimum", facts(step_status=75, elastic=True, seen=KILLED, job=RUNNING,
+                                        nodes_lost="slurmddp: agent (host n1): fewer nodes than "
+                                        "the minimum joined torchrun's rendezvous within 300 s"),
+     "requeue", 0, "stopped (nodes lost: fewer than the minimum rejoined torchrun's rendezvous) "
+     "at restart 0: requeued (1 of 3)"),
+    ("done-elastic-a-node-lost", facts(done=True, step_status=137, elastic=True, seen=KILLED),
+     "done", 0, "the other nodes went on without the one lost"),
     ("preempted-usr2", facts(asked="USR2", job=PREEMPTED), "requeue", 0,
      "job 41 stopped (preempted, USR2) at restart 0 after its checkpoint: requeued (1 of 3)"),
     ("preempted-term-default-signalling", facts(asked="TERM", job=PREEMPTED), "requeue", 0,

@@ -47,6 +47,7 @@ def test_the_summary_names_the_first_to_end_and_the_first_report():
     ("n1", "n2", "n[1-2]"),
     ("n[1-2]", "n2", "n[1-2]"),  # already excluded: nothing new, still fits
     ("n[1,3]", "n2", None),  # 4 - 3 < 2
+    ("n10", "n9", "n[9-10]"),  # in the nodes' order, not the text's
 ])  # fmt: skip
 def test_the_exclusion_is_bounded_by_the_partition(excluded, node, result):
     exclude, why_not = exclusion(node, JOB | {"ExcNodeList": excluded}, PARTITION)

@@ -92,18 +92,6 @@ def train_args(ckpt: Path, steps: int, step_time: float) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def reference_digest(slurm_cluster, tmp_path_factory) -> str:
-    """The parameters of an uninterrupted run of the training the tests interrupt."""
-    tmp = tmp_path_factory.mktemp("reference")
-    job = Job(slurm_cluster, tmp, train_args(tmp / "ckpt", steps=300, step_time=0))
-    end = job.wait_end()
-    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log
-    digests = {x["digest"] for x in job.results()}
-    assert len(digests) == 1 and len(job.results()) == 4, job.results()
-    return digests.pop()
-
-
 # Every configuration variant of the local cluster (scripts/slurm-cluster variant), and the line
 # the batch log gives for each of the two stops there.
 VARIANTS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.rank.agent import with_rdzv_port
+from slurmddp.rank.agent import with_rdzv_conf, with_rdzv_port
 from slurmddp.rank.env import derive_port
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
@@ -34,3 +34,26 @@ def test_two_jobs_sharing_a_node_rendezvous_on_different_ports():
 
 def test_outside_a_slurm_job_the_endpoint_is_left_to_torchrun():
     assert with_rdzv_port(["--rdzv-endpoint=n1"], {}) == ["--rdzv-endpoint=n1"]
+
+
+@pytest.mark.parametrize(("argv", "node", "conf"), [
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=n1:29400", "t.py"], "n1",
+     "join_timeout=300,is_host=true"),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400", "t.py"], "n2",
+     "join_timeout=300,is_host=false"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=n1:29400", "t.py"], None, "join_timeout=300"),
+    (["--rdzv-backend=etcd-v2", "--rdzv-endpoint=etcd:2379", "t.py"], "n1", "join_timeout=300"),
+    (["--nnodes=2:3", "t.py"], "n1", "join_timeout=300"),
+])  # fmt: skip
+def test_the_rdzv_conf_bounds_the_join_and_names_the_store_host(argv, node, conf):
+    environ = {"SLURMD_NODENAME": node} if node else {}
+    assert with_rdzv_conf(argv, environ, 300.0) == [f"--rdzv-conf={conf}", *argv]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--rdzv-conf=join_timeout=9", "t.py"],
+    ["--rdzv_conf", "read_timeout=5", "t.py"],
+    ["--nnodes", "2", "--rdzv-conf", "x=1", "t.py"],
+])  # fmt: skip
+def test_a_rdzv_conf_given_is_left_as_it_is(argv):
+    assert with_rdzv_conf(argv, {"SLURMD_NODENAME": "n1"}, 300.0) == argv

@@ -19,6 +19,7 @@ def test_the_period_is_a_tenth_of_the_timeout_within_bounds(timeout, period):
 def test_settings_come_from_the_environment():
     assert layout.from_env({}) is None  # no directory: no watchdog
     where, timeout = layout.from_env({"SLURMDDP_HANG_DIR": "/o/7/hang", "SLURM_RESTART_COUNT": "2",
+                                      "TORCHELASTIC_RUN_ID": "7.2",
                                       "TORCHELASTIC_RESTART_COUNT": "1"})  # fmt: skip
     assert (where, timeout) == (Layout(Path("/o/7/hang"), "2.1"), 600.0)
     assert where.progress(3) == Path("/o/7/hang/.state/2.1/progress/rank-3")
