@@ -13,6 +13,7 @@ def cluster_env() -> dict[str, str]:
     """The environment of the local cluster's clients (started if it is not running)."""
     script = ROOT / "scripts" / "slurm-cluster"
     subprocess.run([str(script), "up"], check=True, capture_output=True)
-    line = subprocess.run([str(script), "env"], check=True, capture_output=True, text=True).stdout
-    conf = line.strip().split("SLURM_CONF=", 1)[1].strip().strip("'\"")
+    shown = subprocess.run([str(script), "env"], check=True, capture_output=True, text=True).stdout
+    line = next(line for line in shown.splitlines() if line.startswith("export SLURM_CONF="))
+    conf = line.split("=", 1)[1].strip().strip("'\"")
     return os.environ | {"SLURM_CONF": conf}

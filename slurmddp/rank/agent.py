@@ -81,14 +81,17 @@ def _option(args: Sequence[str], *names: str) -> str | None:
 
 def with_rdzv_conf(argv: Sequence[str], environ: Mapping[str, str], timeout_s: float) -> list[str]:
     """`argv` with torchrun's ``--rdzv-conf``: the join timeout is the start-up timeout
-    ($SLURMDDP_STARTUP_TIMEOUT); under c10d inside a Slurm step, the store's host is the agent of
-    the endpoint's node, by name. torch guesses it from addresses instead, which fails where node
-    names and host names differ, and where several nodes share a host (each then thinks it is
-    the one). Options that give a ``--rdzv-conf`` of their own are left as they are."""
+    ($SLURMDDP_STARTUP_TIMEOUT); a lost node is known after 6 s without its beat; under c10d
+    inside a Slurm step, the store's host is the agent of the endpoint's node, by name. torch
+    guesses it from addresses instead, which fails where node names and host names differ, and
+    where several nodes share a host (each then thinks it is the one). Options that give a
+    ``--rdzv-conf`` of their own are left as they are."""
     args = list(argv)
     if _option(args, "--rdzv-conf", "--rdzv_conf") is not None:
         return args  # (a script's own option of that name counts too: rare, and harmless)
-    conf = f"join_timeout={timeout_s:g}"
+    # A lost node leaves the rendezvous once its keep-alive beats stop: 2 s apart, 3 missed (6 s;
+    # torch's 5 s x 3 would hold every restart 15 s).
+    conf = f"join_timeout={timeout_s:g},keep_alive_interval=2,keep_alive_max_attempt=3"
     endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint")
     node = environ.get("SLURMD_NODENAME")
     backend = _option(args, "--rdzv-backend", "--rdzv_backend") or "static"

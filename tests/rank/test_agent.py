@@ -36,14 +36,16 @@ def test_outside_a_slurm_job_the_endpoint_is_left_to_torchrun():
     assert with_rdzv_port(["--rdzv-endpoint=n1"], {}) == ["--rdzv-endpoint=n1"]
 
 
+BASE = "join_timeout=300,keep_alive_interval=2,keep_alive_max_attempt=3"
+
+
 @pytest.mark.parametrize(("argv", "node", "conf"), [
-    (["--rdzv-backend=c10d", "--rdzv-endpoint=n1:29400", "t.py"], "n1",
-     "join_timeout=300,is_host=true"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=n1:29400", "t.py"], "n1", f"{BASE},is_host=true"),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:29400", "t.py"], "n2",
-     "join_timeout=300,is_host=false"),
-    (["--rdzv-backend=c10d", "--rdzv-endpoint=n1:29400", "t.py"], None, "join_timeout=300"),
-    (["--rdzv-backend=etcd-v2", "--rdzv-endpoint=etcd:2379", "t.py"], "n1", "join_timeout=300"),
-    (["--nnodes=2:3", "t.py"], "n1", "join_timeout=300"),
+     f"{BASE},is_host=false"),
+    (["--rdzv-backend=c10d", "--rdzv-endpoint=n1:29400", "t.py"], None, BASE),
+    (["--rdzv-backend=etcd-v2", "--rdzv-endpoint=etcd:2379", "t.py"], "n1", BASE),
+    (["--nnodes=2:3", "t.py"], "n1", BASE),
 ])  # fmt: skip
 def test_the_rdzv_conf_bounds_the_join_and_names_the_store_host(argv, node, conf):
     environ = {"SLURMD_NODENAME": node} if node else {}
