@@ -19,3 +19,21 @@ def cluster_env() -> dict[str, str]:
                            text=True).stdout  # fmt: skip
     conf, path = shown.split("\n", 1)
     return os.environ | {"SLURM_CONF": conf, "PATH": path}
+
+
+def job_processes(job: str, node: str) -> dict[int, dict[str, str]]:
+    """{pid: environment} of the job's processes on `node`, Slurm's own (slurmstepd) aside."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            raw = (proc / "environ").read_bytes().decode(errors="replace")
+            comm = (proc / "comm").read_text().strip()
+        except OSError:
+            continue
+        env = dict(v.split("=", 1) for v in raw.split("\0") if "=" in v)
+        if comm != "slurmstepd" and env.get("SLURM_JOB_ID") == job and (
+                env.get("SLURMD_NODENAME") == node):  # fmt: skip
+            found[int(proc.name)] = env
+    return found

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.cluster import ROOT, cluster_env
+from benchmarks.cluster import ROOT, cluster_env, job_processes
 from benchmarks.table import Row, report
 
 POLL = 0.05
@@ -42,24 +42,6 @@ def _wait(predicate, timeout: float, what: str):
             return value
         time.sleep(POLL)
     raise TimeoutError(f"no {what} within {timeout:.0f} s")
-
-
-def _processes(job: str, node: str) -> dict[int, dict[str, str]]:
-    """{pid: environment} of the job's processes on `node`, Slurm's own (slurmstepd) aside."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            raw = (proc / "environ").read_bytes().decode(errors="replace")
-            comm = (proc / "comm").read_text().strip()
-        except OSError:
-            continue
-        env = dict(v.split("=", 1) for v in raw.split("\0") if "=" in v)
-        if comm != "slurmstepd" and env.get("SLURM_JOB_ID") == job and (
-                env.get("SLURMD_NODENAME") == node):  # fmt: skip
-            found[int(proc.name)] = env
-    return found
 
 
 def one_loss(env: dict[str, str], work: Path, *, elastic: bool) -> float:
@@ -89,8 +71,9 @@ def one_loss(env: dict[str, str], work: Path, *, elastic: bool) -> float:
                                 re.search(r" NodeList=(\S+)", show()).group(1)],  # type: ignore[union-attr]
                                env=env, capture_output=True, text=True).stdout.split()  # fmt: skip
         # A node with workers, not the first (its agent holds the c10d rendezvous).
-        lost = next(n for n in nodes[1:] if any("RANK" in e for e in _processes(job, n).values()))
-        for pid in _processes(job, lost):
+        lost = next(n for n in nodes[1:]
+                    if any("RANK" in env for env in job_processes(job, n).values()))
+        for pid in job_processes(job, lost):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         lost_at = time.time()

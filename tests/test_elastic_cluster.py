@@ -26,10 +26,10 @@ import signal
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from benchmarks.cluster import job_processes
 from slurmddp.rank import hostlist
 from tests.conftest import CLUSTER_SCRIPT, ROOT, tagged_json, wait_until
 from tests.preemption.test_preemption_cluster import Job
@@ -85,28 +85,10 @@ def node_logs(job: Job) -> dict[int, str]:
             for p in (job.folder / job.id).glob("node-*.log")}  # fmt: skip
 
 
-def job_processes(job: Job, node: str) -> dict[int, dict[str, str]]:
-    """{pid: environment} of the job's processes on `node` but Slurm's own (slurmstepd)."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            raw = (proc / "environ").read_bytes()
-            comm = (proc / "comm").read_text().strip()
-        except OSError:
-            continue
-        env = dict(v.split("=", 1) for v in raw.decode(errors="replace").split("\0") if "=" in v)
-        if comm != "slurmstepd" and env.get("SLURM_JOB_ID") == job.id and (
-                env.get("SLURMD_NODENAME") == node):  # fmt: skip
-            found[int(proc.name)] = env
-    return found
-
-
 def workers_on(job: Job, node: str) -> list[int]:
     """The ranks of the workers torchrun runs on `node` (none on a spare)."""
     # (Rank 0's hang watchdog monitor has its environment too: one rank, not two.)
-    return sorted({int(env["RANK"]) for env in job_processes(job, node).values()
+    return sorted({int(env["RANK"]) for env in job_processes(job.id, node).values()
                    if "RANK" in env and "TORCHELASTIC_RUN_ID" in env})  # fmt: skip
 
 
@@ -114,7 +96,7 @@ def kill_node(job: Job, node: str) -> int:
     """SIGKILL every process of the job on `node` (its torchrun agent and workers), as a node
     that dies takes them; the count killed."""
     killed = 0
-    for pid in job_processes(job, node):
+    for pid in job_processes(job.id, node):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             killed += 1
