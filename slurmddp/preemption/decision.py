@@ -72,8 +72,8 @@ from slurmddp.protocol import (
 # The protocol's names among these are kept for modules that imported them from here.
 __all__ = [
     "ACTIONS", "DEFAULT_MAX_REQUEUES", "MAX_REQUEUES_VAR", "NOT_REQUEUED_STATUS", "SIGNAL_LEAD_VAR",
-    "Decision", "Facts", "decide", "facts_from", "job_fields", "main", "requeue_budget",
-    "requeue_target", "seconds", "seconds_left",
+    "Decision", "Facts", "decide", "facts_from", "job_fields", "main", "partition_fields",
+    "requeue_budget", "requeue_target", "seconds", "seconds_left",
 ]  # fmt: skip
 
 # A stop signal within this long of the lead before the end is the time limit's warning
@@ -300,6 +300,11 @@ def seconds_left(job: Mapping[str, str]) -> int | None:
     return None if limit is None or ran is None else limit - ran
 
 
+def partition_fields(lines: Sequence[str]) -> dict[str, str]:
+    """The fields of the ``scontrol show partition -o`` line among `lines` (empty if none)."""
+    return next((job_fields(line) for line in lines if line.startswith("PartitionName=")), {})
+
+
 def job_fields(text: str) -> dict[str, str]:
     """The fields of ``scontrol show job -o`` (the first word of each value)."""
     return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
@@ -368,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         facts = facts_from(os.environ, step_status=args.step_status, asked=args.asked or None,
                            done=args.done, protocol_used=not args.protocol_unused,
                            received=tuple(dict.fromkeys(args.received)),
-                           job=job_fields(job), partition=nodes.partition_fields(shown),
+                           job=job_fields(job), partition=partition_fields(shown),
                            requeue_error="" if args.requeue_failed else None,
                            hung=args.hung, elastic=args.elastic, seen=args.srun_error or None,
                            nodes_lost=args.nodes_lost or None,

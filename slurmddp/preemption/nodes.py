@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from slurmddp.errors import HostlistError, NodeCheckError
 from slurmddp.rank import hostlist
@@ -124,14 +124,6 @@ def exclusion(node: str, job: Mapping[str, str], partition: Mapping[str, str]
         return None, (f"the job needs {needed} of partition {partition.get('PartitionName', '?')}'s"
                       f" {total} nodes and would then exclude {len(after)}")  # fmt: skip
     return hostlist.compress(sorted(after, key=_natural)), ""
-
-
-def partition_fields(lines: Sequence[str]) -> dict[str, str]:
-    """The fields of the ``scontrol show partition -o`` line among `lines` (empty if none)."""
-    for line in lines:
-        if line.startswith("PartitionName="):
-            return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", line))
-    return {}
 
 
 def _count(text: str | None) -> int | None:

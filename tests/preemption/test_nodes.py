@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmddp.preemption.nodes import Failure, exclusion, hang_blame, partition_fields
+from slurmddp.preemption.decision import partition_fields
+from slurmddp.preemption.nodes import Failure, exclusion, hang_blame
 
 JOB = {"NumNodes": "2", "ExcNodeList": "(null)"}
 PARTITION = {"PartitionName": "debug", "TotalNodes": "4"}
