@@ -29,19 +29,8 @@ import time
 from pathlib import Path
 
 from benchmarks.cluster import ROOT, cluster_env, job_processes
+from benchmarks.preemption_turnaround import _wait
 from benchmarks.table import Row, report
-
-POLL = 0.05
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL)
-    raise TimeoutError(f"no {what} within {timeout:.0f} s")
 
 
 def one_loss(env: dict[str, str], work: Path, *, elastic: bool) -> float:
