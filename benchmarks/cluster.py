@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -37,3 +39,39 @@ def job_processes(job: str, node: str) -> dict[int, dict[str, str]]:
                 env.get("SLURMD_NODENAME") == node):  # fmt: skip
             found[int(proc.name)] = env
     return found
+
+
+def lose_node(job: str, node: str, *, machine: bool = False,
+              sig: signal.Signals = signal.SIGKILL) -> list[int]:  # fmt: skip
+    """Lose `node`: SIGKILL the job's processes on it, as a GPU fault ends them (Slurm's
+    daemons live on); with `machine`, the whole machine: the node's slurmd and the job's step
+    daemons first, so that none reports the end of its tasks, then the tasks. SIGSTOP (`sig`)
+    makes it a machine gone silent (a crash, a cut link): no connection of its is reset. The
+    pids hit."""
+    tasks = job_processes(job, node)
+    daemons = []
+    if machine:
+        conf = next(iter(tasks.values()), {}).get("SLURM_CONF")
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                comm = (proc / "comm").read_text().strip() if proc.name.isdigit() else ""
+                if comm == "slurmstepd":  # the job's, on `node`: its children are the job's tasks
+                    children = (proc / "task" / proc.name / "children").read_text().split()
+                    if any(int(child) in tasks for child in children):
+                        daemons.append(int(proc.name))
+                elif comm == "slurmd" and _serves(proc, node, conf):
+                    daemons.append(int(proc.name))
+    hit = []
+    for pid in [*daemons, *tasks]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            hit.append(pid)
+    return hit
+
+
+def _serves(slurmd: Path, node: str, conf: str | None) -> bool:
+    """Whether the slurmd process is `node`'s of the cluster whose SLURM_CONF is `conf` (the
+    22.05 and 24.11 clusters may both run here, with the same node names)."""
+    argv = (slurmd / "cmdline").read_bytes().split(b"\0")
+    environ = (slurmd / "environ").read_bytes().split(b"\0")
+    return argv[1:3] == [b"-N", node.encode()] and f"SLURM_CONF={conf}".encode() in environ

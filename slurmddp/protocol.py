@@ -16,6 +16,9 @@ from typing import Final
 BACKEND_VAR: Final = "SLURMDDP_BACKEND"  # init()'s default backend (submit --backend)
 STARTUP_TIMEOUT_VAR: Final = "SLURMDDP_STARTUP_TIMEOUT"  # seconds a rank waits for the others
 MASTER_HOST_FORMAT_VAR: Final = "SLURMDDP_MASTER_HOST_FORMAT"  # rank 0's address, e.g. {host}-ib0
+# LOW-HIGH: the ports a job's derived MASTER_PORT (and torchrun rendezvous port) are taken from,
+# for a centre whose firewall opens a range of its own (slurmddp.rank.env.port_range).
+PORT_RANGE_VAR: Final = "SLURMDDP_PORT_RANGE"
 PROFILES_VAR: Final = "SLURMDDP_PROFILES"  # the centre's profiles file
 DEBUG_VAR: Final = "SLURMDDP_DEBUG"  # set (not 0): errors come with their traceback
 # The run's id for trackers, the same in every requeue (slurmddp.rank.identity): exported by

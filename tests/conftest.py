@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmddp.protocol import PORT_RANGE_VAR
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "scripts" / "slurm-cluster"
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -39,6 +41,11 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
 # Which Slurm the cluster tests run on: scripts/slurm-cluster reads the same variable (22.05 on
 # this host, 24.11 in a Debian trixie root whose commands come first on PATH).
 SLURM_VERSION = os.environ.get("SLURMDDP_SLURM", "22.05")
+if SLURM_VERSION == "24.11":
+    # The two clusters share this host (scripts/test runs a pass on each at once), so two of
+    # their jobs whose derived master ports meet would meet on one port of one loopback; on
+    # 24.11 the jobs take theirs from a range of their own, as its daemons do (PORT_OFFSET).
+    os.environ.setdefault(PORT_RANGE_VAR, "30000-32767")
 
 
 @dataclasses.dataclass(frozen=True)

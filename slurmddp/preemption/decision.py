@@ -128,9 +128,10 @@ def decide(f: Facts) -> Decision:
     if f.done:
         if f.step_status in (0, None):
             return Decision("done", 0, notes)
-        if f.elastic:  # a lost node's agent ends the step non-zero; the others finished the work
+        if f.elastic:  # a lost node's agent, or a spare's whose store went first, ends non-zero
             return Decision("done", 0, (*notes, *_failure(f).summary(), (
-                "the work is done: the other nodes went on without the one lost (elastic)")))
+                "the work is done: the other nodes finished it (elastic: a node lost, or a spare "
+                "whose rendezvous closed under it, ends non-zero)")))
         return Decision("fail", f.step_status, (*notes, *_failure(f).summary()))
     if f.hung:
         return _without_node(f, nodes.hang_blame(f.suspects), "hung", notes, Decision(

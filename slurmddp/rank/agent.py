@@ -8,19 +8,23 @@ boundary (slurmddp.preemption).
 
 A ``--rdzv-endpoint`` given without a port gets one derived from the job and step ids, as
 MASTER_PORT is (`env.derive_port`): a fixed port would let a second job whose first node
-is shared join the first job's rendezvous. Everything else is torchrun's (torch.distributed.run).
+is shared join the first job's rendezvous. A node whose rendezvous beats stop (lost, or gone
+silent) sends the other agents back to the rendezvous at once (`restart_when_a_peer_is_lost`).
+Everything else is torchrun's (torch.distributed.run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
-from slurmddp.rank.env import derive_port
+from slurmddp.rank.env import derive_port, port_range
 
 
 def children(pid: int, proc: str = "/proc") -> list[int]:
@@ -64,7 +68,8 @@ def with_rdzv_port(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]
             else:
                 continue
             if value and ":" not in value.rsplit("]", 1)[-1]:
-                port = derive_port(int(job), int(step) if step.isdigit() else 0)
+                port = derive_port(int(job), int(step) if step.isdigit() else 0,
+                                   port_range(environ))  # fmt: skip
                 args[index] = f"{prefix}{value}:{port}"
             return args
     return args
@@ -81,7 +86,8 @@ def _option(args: Sequence[str], *names: str) -> str | None:
 
 def with_rdzv_conf(argv: Sequence[str], environ: Mapping[str, str], timeout_s: float) -> list[str]:
     """`argv` with torchrun's ``--rdzv-conf``: the join timeout is the start-up timeout
-    ($SLURMDDP_STARTUP_TIMEOUT); a lost node is known after 6 s without its beat; under c10d
+    ($SLURMDDP_STARTUP_TIMEOUT); a lost node is known after 6 s without its beat; a round with
+    fewer nodes than the maximum waits 10 s for more (torch: 30 s); under c10d
     inside a Slurm step, the store's host is the agent of the endpoint's node, by name. torch
     guesses it from addresses instead, which fails where node names and host names differ, and
     where several nodes share a host (each then thinks it is the one). Options that give a
@@ -91,13 +97,63 @@ def with_rdzv_conf(argv: Sequence[str], environ: Mapping[str, str], timeout_s: f
         return args  # (a script's own option of that name counts too: rare, and harmless)
     # A lost node leaves the rendezvous once its keep-alive beats stop: 2 s apart, 3 missed (6 s;
     # torch's 5 s x 3 would hold every restart 15 s).
-    conf = f"join_timeout={timeout_s:g},keep_alive_interval=2,keep_alive_max_attempt=3"
+    # A round that has its minimum but not its maximum (the survivors of a loss, or nodes slow to
+    # start) waits 10 s for more: a node that comes later joins at the next change.
+    conf = (f"join_timeout={timeout_s:g},last_call_timeout=10,keep_alive_interval=2,"
+            "keep_alive_max_attempt=3")  # fmt: skip
     endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint")
     node = environ.get("SLURMD_NODENAME")
     backend = _option(args, "--rdzv-backend", "--rdzv_backend") or "static"
     if backend == "c10d" and endpoint and node:
         conf += f",is_host={str(endpoint.rsplit(':', 1)[0] == node).lower()}"
     return [f"--rdzv-conf={conf}", *args]
+
+
+def lost_a_node(state: Any, size: int) -> bool:
+    """Whether a rendezvous `state` (torch's) that completed a round of `size` nodes, still
+    open, has fewer of them now."""
+    return bool(state.complete and not state.closed and len(state.participants) < size)
+
+
+def restart_when_a_peer_is_lost() -> None:
+    """Make torchrun's agents restart their workers when a node of their round is lost.
+
+    torch drops a node from the rendezvous once its keep-alive beats stop, but an agent whose
+    workers run restarts them only when a node waits to join (a spare). Without one, the
+    survivors' workers wait on the lost node's, forever where its machine went silent (no
+    connection reset: a crash, a cut link) and rank 0's store and hang watchdog were there.
+    Counting a round that lost a node as a change of membership sends them to the
+    rendezvous, which goes on with the nodes left (at least --nnodes' minimum) or gives up.
+    The workers are killed first: they cannot reach a step boundary without the lost ones, and
+    torchrun would give them 30 s to stop on its TERM."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler as Handler,
+    )
+
+    joined, waiting = Handler.next_rendezvous, Handler.num_nodes_waiting
+    sizes: dict[int, int] = {}  # id(handler): how many nodes its last round completed with
+
+    def state(handler: Handler) -> Any:
+        # torch's private state: where a later torch renames it, torch's own behaviour stays.
+        return getattr(getattr(handler, "_state_holder", None), "state", None)
+
+    def next_rendezvous(self: Handler) -> Any:
+        info = joined(self)
+        sizes[id(self)] = len(getattr(state(self), "participants", ()))
+        return info
+
+    def num_nodes_waiting(self: Handler) -> int:
+        count = waiting(self)  # (synchronises the state, dropping nodes whose beats stopped)
+        now = state(self)
+        if now is None or not lost_a_node(now, sizes.get(id(self), 0)):
+            return count
+        for worker in children(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        return max(count, 1)
+
+    Handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+    Handler.num_nodes_waiting = num_nodes_waiting  # type: ignore[method-assign]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -114,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # across rounds, under the same keys: a restarted worker then reads a dead one's address
     # (gloo's full mesh), and a spare that joins in a later round counts other restarts.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    restart_when_a_peer_is_lost()
     timeout_s = startup_timeout(os.environ)
     args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
                           os.environ, timeout_s)  # fmt: skip

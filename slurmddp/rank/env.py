@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from slurmddp.errors import EnvError
+from slurmddp.protocol import PORT_RANGE_VAR
 from slurmddp.rank import hostlist, slurm_step
 from slurmddp.rank.slurm_step import hostfile_head as hostfile_head  # part of this module's API
 from slurmddp.rank.variables import Launcher, Layout, Vars
@@ -421,14 +422,38 @@ def _master_port(v: Vars, job: tuple[str, str] | None) -> tuple[int, str]:
     job_id = int(job[0])
     step = v.integer("SLURM_STEP_ID", "SLURM_STEPID")
     step_id = step[0] if step else 0
-    return derive_port(job_id, step_id), f"rule: derived from {job[1]} and step id"
+    given_range = v.first(PORT_RANGE_VAR)
+    ports = port_range({PORT_RANGE_VAR: given_range[0]} if given_range else {})
+    rule = f"rule: derived from {job[1]} and step id"
+    if ports is not DEFAULT_PORTS:
+        rule += f", in {PORT_RANGE_VAR}"
+    return derive_port(job_id, step_id, ports), rule
 
 
-def derive_port(job_id: int, step_id: int = 0) -> int:
+DEFAULT_PORTS = range(PORT_BASE, PORT_BASE + PORT_SPAN)
+
+
+def port_range(environ: Mapping[str, str]) -> range:
+    """The ports derived ones are taken from: $SLURMDDP_PORT_RANGE (``LOW-HIGH``, both included)
+    or `DEFAULT_PORTS`. At least 8 ports, so that the steps of one job differ."""
+    text = environ.get(PORT_RANGE_VAR, "").strip()
+    if not text:
+        return DEFAULT_PORTS
+    m = re.fullmatch(r"([0-9]{1,5})\s*-\s*([0-9]{1,5})", text)
+    low, high = (int(m[1]), int(m[2])) if m else (0, 0)
+    if not 1 <= low <= high - _STEPS_PER_JOB + 1 or high > 65535:
+        raise EnvError(
+            f"{PORT_RANGE_VAR}={text!r} is not a range of at least {_STEPS_PER_JOB} TCP ports: "
+            f"give LOW-HIGH within 1-65535, e.g. {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}"
+        )
+    return range(low, high + 1)
+
+
+def derive_port(job_id: int, step_id: int = 0, ports: range = DEFAULT_PORTS) -> int:
     """A master port for a job step: the same on every rank, different for nearby jobs and steps.
 
-    Two jobs collide only when their ids differ by a multiple of PORT_SPAN / 8 and their step
+    Two jobs collide only when their ids differ by a multiple of len(ports) / 8 and their step
     ids agree modulo 8.
     """
-    return PORT_BASE + (job_id * _STEPS_PER_JOB + step_id % _STEPS_PER_JOB) % PORT_SPAN
+    return ports[(job_id * _STEPS_PER_JOB + step_id % _STEPS_PER_JOB) % len(ports)]
 

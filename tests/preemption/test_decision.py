@@ -56,7 +56,7 @@ CASES = [
      "requeue", 0, "stopped (nodes lost: fewer than the minimum rejoined torchrun's rendezvous) "
      "at restart 0: requeued (1 of 3)"),
     ("done-elastic-a-node-lost", facts(done=True, step_status=137, elastic=True, seen=KILLED),
-     "done", 0, "the other nodes went on without the one lost"),
+     "done", 0, "the work is done: the other nodes finished it (elastic"),
     ("preempted-usr2", facts(asked="USR2", job=PREEMPTED), "requeue", 0,
      "job 41 stopped (preempted, USR2) at restart 0 after its checkpoint: requeued (1 of 3)"),
     ("preempted-term-default-signalling", facts(asked="TERM", job=PREEMPTED), "requeue", 0,

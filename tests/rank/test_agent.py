@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from slurmddp.rank import agent
 from slurmddp.rank.agent import with_rdzv_conf, with_rdzv_port
 from slurmddp.rank.env import derive_port
 
@@ -32,11 +35,18 @@ def test_two_jobs_sharing_a_node_rendezvous_on_different_ports():
     assert first != second
 
 
+def test_the_rendezvous_port_comes_from_the_centres_range():
+    env = JOB | {"SLURMDDP_PORT_RANGE": "5000-5999"}
+    port = derive_port(4242, 0, range(5000, 6000))
+    assert with_rdzv_port(["--rdzv-endpoint=n1"], env) == [f"--rdzv-endpoint=n1:{port}"]
+    assert 5000 <= port < 6000
+
+
 def test_outside_a_slurm_job_the_endpoint_is_left_to_torchrun():
     assert with_rdzv_port(["--rdzv-endpoint=n1"], {}) == ["--rdzv-endpoint=n1"]
 
 
-BASE = "join_timeout=300,keep_alive_interval=2,keep_alive_max_attempt=3"
+BASE = "join_timeout=300,last_call_timeout=10,keep_alive_interval=2,keep_alive_max_attempt=3"
 
 
 @pytest.mark.parametrize(("argv", "node", "conf"), [
@@ -59,3 +69,27 @@ def test_the_rdzv_conf_bounds_the_join_and_names_the_store_host(argv, node, conf
 ])  # fmt: skip
 def test_a_rdzv_conf_given_is_left_as_it_is(argv):
     assert with_rdzv_conf(argv, {"SLURMD_NODENAME": "n1"}, 300.0) == argv
+
+
+def _state(participants: int, *, complete: bool = True, closed: bool = False) -> Any:
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        _NodeDesc,
+        _RendezvousState,
+    )
+
+    state = _RendezvousState()
+    state.participants = {_NodeDesc(f"n{i}", 1, 1): i for i in range(participants)}
+    state.complete, state.closed = complete, closed
+    return state
+
+
+@pytest.mark.parametrize(("state", "size", "lost"), [
+    (_state(2), 3, True),  # a node's beats stopped: torch dropped it
+    (_state(3), 3, False),
+    (_state(2), 2, False),  # the round completed with two
+    (_state(2, closed=True), 3, False),  # the work is done: the agents leave
+    (_state(2, complete=False), 3, False),  # a new round forms
+    (_state(1), 0, False),  # no round joined yet
+])  # fmt: skip
+def test_a_round_that_lost_a_node_counts_as_a_change_of_membership(state, size, lost):
+    assert agent.lost_a_node(state, size) is lost

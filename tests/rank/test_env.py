@@ -17,6 +17,7 @@ from slurmddp.rank.env import (
     NodesUnknown,
     derive_port,
     hostfile_head,
+    port_range,
     resolve,
 )
 from tests.fake_env import block_position, srun_env
@@ -199,6 +200,31 @@ def test_derived_ports_are_outside_the_ephemeral_range_and_differ_for_nearby_job
     ports = {derive_port(job, step) for job in range(1000, 1100) for step in range(8)}
     assert len(ports) == 800
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN <= 32768 for p in ports)
+
+
+def test_a_centres_port_range_holds_every_derived_port_and_the_source_says_so():
+    env = srun_env(0, [2], step=3) | {"SLURM_JOB_ID": "3852", "SLURMDDP_PORT_RANGE": "5000-5999"}
+    d = resolve(env)
+    assert d.master_port == derive_port(3852, 3, range(5000, 6000)) == 5000 + (3852 * 8 + 3) % 1000
+    assert d.sources["master_port"].endswith("in SLURMDDP_PORT_RANGE")
+    ports = port_range(env)
+    assert {derive_port(job, step, ports) for job in range(1000, 1125) for step in range(8)} == \
+        set(range(5000, 6000))
+    assert resolve(env | {"MASTER_PORT": "7000"}).master_port == 7000
+
+
+@pytest.mark.parametrize("text", ["x", "6000-5000", "0-100", "100-70000", "1000-1006", "1000"])
+def test_a_port_range_that_is_not_one_is_refused_in_one_line(text):
+    env = srun_env(0, [2]) | {"SLURMDDP_PORT_RANGE": text}
+    with pytest.raises(EnvError, match=r"^SLURMDDP_PORT_RANGE='.*' is not a range of at least 8 "
+                                       r"TCP ports: give LOW-HIGH within 1-65535, e\.g\. "
+                                       r"15000-29999$"):  # fmt: skip
+        resolve(env)
+
+
+def test_a_port_range_allows_spaces_and_the_smallest_span():
+    assert port_range({"SLURMDDP_PORT_RANGE": " 1000 - 1007 "}) == range(1000, 1008)
+    assert port_range({"SLURMDDP_PORT_RANGE": ""}) == range(PORT_BASE, PORT_BASE + PORT_SPAN)
 
 
 # --- torchrun and hand-set env:// --------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections import Counter, defaultdict
 
 import pytest
 
+from slurmddp.rank.env import derive_port, port_range
 from tests.conftest import PROGRAMS, ROOT, tagged_json
 
 pytestmark = pytest.mark.cluster
@@ -31,7 +33,8 @@ def batch_job(cluster, tmp_path, sbatch_options: str, body: str) -> str:
 
 
 def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
-    """Every rank's exported values agree with where Slurm really put it."""
+    """Every rank's exported values agree with where Slurm really put it. The steps name their
+    `nodes` (-w): a node still completing the previous test's job would be passed over."""
     assert sorted(p["rank"] for p in probes) == list(range(world))
     per_node: dict[str, list[dict]] = defaultdict(list)
     for p in probes:
@@ -52,12 +55,16 @@ def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
 @pytest.mark.every_slurm
 @pytest.mark.parametrize(("n_nodes", "n_tasks"), [(4, 8), (3, 5)], ids=["N4n8", "N3n5-uneven"])
 def test_srun_places_every_rank(slurm_cluster, python, n_nodes, n_tasks):
-    r = slurm_cluster.srun([f"-N{n_nodes}", f"-n{n_tasks}"],
+    r = slurm_cluster.srun([f"-N{n_nodes}", f"-n{n_tasks}", "-w", ",".join(NODES[:n_nodes])],
                            [python, "-m", "slurmddp.run", PROBE, "--x", "a b"])  # fmt: skip
     assert r.returncode == 0, r.stderr
     probes = tagged_json(r.stdout, "PROBE ")
     assert len(probes) == n_tasks
     check_probes(probes, n_tasks, NODES[:n_nodes])
+    # The port derived from the job and step, in the range this pass's environment names.
+    env = probes[0]["env"]
+    job, step = int(env["SLURM_JOB_ID"]), int(env["SLURM_STEP_ID"])
+    assert int(env["MASTER_PORT"]) == derive_port(job, step, port_range(os.environ))
     assert all(p["argv"] == ["--x", "a b"] and p["name"] == "__main__" for p in probes)
     # Slurm spreads tasks unevenly; the test is only meaningful if it did here.
     if n_tasks == 5:
@@ -99,7 +106,7 @@ def test_arbitrary_distribution_takes_the_master_from_the_host_file(slurm_cluste
 
 @pytest.mark.every_slurm
 def test_torchrun_per_node_under_srun(slurm_cluster, python):
-    port = 29777
+    port = port_range(os.environ)[-1]  # this pass's own range: the other cluster's jobs avoid it
     torchrun = [python, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=n1:{port}", "--rdzv-id=slurmddp-test",
                 "-m", "slurmddp.run", PROBE]  # fmt: skip
@@ -153,13 +160,13 @@ def test_doctor_shows_sources(slurm_cluster, python):
 @pytest.mark.mpi
 @pytest.mark.parametrize("plugin", ["pmix", "pmi2"])
 def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, plugin):
-    r = slurm_cluster.srun([f"--mpi={plugin}", "-N2", "-n4"],
+    r = slurm_cluster.srun([f"--mpi={plugin}", "-N2", "-n4", "-w", "n1,n2"],
                            [python, "-m", "slurmddp.run", PROBE])  # fmt: skip
     assert r.returncode == 0, r.stderr
     probes = tagged_json(r.stdout, "PROBE ")
     assert len(probes) == 4
     check_probes(probes, 4, NODES[:2])
-    doctor = slurm_cluster.srun([f"--mpi={plugin}", "-N2", "-n4"],
+    doctor = slurm_cluster.srun([f"--mpi={plugin}", "-N2", "-n4", "-w", "n1,n2"],
                                 [python, "-m", "slurmddp", "doctor", "--check"])  # fmt: skip
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "all checks passed" in doctor.stdout
@@ -169,7 +176,7 @@ def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, p
 def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, python, tmp_path):
     # mpirun starts its daemons as a Slurm step: their SLURM_PROCID is the daemon's, not a rank's.
     mpirun = f"mpirun {MPIRUN_ON_NODES} -np 4 {python}"
-    text = batch_job(slurm_cluster, tmp_path, "-N2 --ntasks-per-node=2",
+    text = batch_job(slurm_cluster, tmp_path, "-N2 -w n1,n2 --ntasks-per-node=2",
                      f"{mpirun} -m slurmddp.run {PROBE} || exit 1\n"
                      f"{mpirun} -m slurmddp doctor --check")  # fmt: skip
     probes = tagged_json(text, "PROBE ")
@@ -182,8 +189,8 @@ def test_mpirun_inside_an_allocation_takes_the_ranks_from_mpi(slurm_cluster, pyt
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("allocation", "mapping", "per_node"),
-    [("-N2 --ntasks-per-node=2", "--map-by node -np 4", {"n1": [0, 2], "n2": [1, 3]}),
-     ("-N2 -n3", "-np 3", {"n1": [0, 1], "n2": [2]})],
+    [("-N2 -w n1,n2 --ntasks-per-node=2", "--map-by node -np 4", {"n1": [0, 2], "n2": [1, 3]}),
+     ("-N2 -w n1,n2 -n3", "-np 3", {"n1": [0, 1], "n2": [2]})],
     ids=["map-by-node", "uneven"],
 )  # fmt: skip
 def test_mpirun_round_robin_or_uneven_over_nodes(slurm_cluster, python, tmp_path, allocation,
@@ -223,8 +230,8 @@ def test_in_an_interactive_step_a_script_is_one_process_and_srun_places_every_ra
     env = slurm_cluster.env(SHELL="/bin/bash")
     with slurm_cluster.variant("interactive-step"):
         # salloc starts the interactive step only for a shell on a terminal.
-        r = subprocess.run(["script", "-qc", "salloc -N2 --ntasks-per-node=2", "/dev/null"],
-                           input=typed, env=env, cwd=tmp_path,
+        r = subprocess.run(["script", "-qc", "salloc -N2 -w n1,n2 --ntasks-per-node=2",
+                            "/dev/null"], input=typed, env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=180)  # fmt: skip
     probes = tagged_json(r.stdout, "PROBE ")
     assert len(probes) == 5, r.stdout + r.stderr
