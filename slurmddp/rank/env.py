@@ -42,6 +42,7 @@ from slurmddp.rank.variables import Launcher, Layout, Vars
 # handed to some client socket is never picked, and above most well-known services.
 PORT_BASE = 15000
 PORT_SPAN = 15000
+DEFAULT_PORTS = range(PORT_BASE, PORT_BASE + PORT_SPAN)  # unless $SLURMDDP_PORT_RANGE names others
 # Consecutive steps of one job get consecutive ports; consecutive jobs are this far apart.
 _STEPS_PER_JOB = 8
 DEFAULT_PORT = 29500  # torch's own default, for a lone process outside any job
@@ -163,7 +164,7 @@ def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
     job = v.first("SLURM_JOB_ID", "SLURM_JOBID")
     restart = v.integer("SLURM_RESTART_COUNT") or (0, "default")
     addr, addr_src = _master_addr(v, layout, master_host_format)
-    port, port_src = _master_port(v, job)
+    port, port_src = _master_port(v, job, port_range(environ))
 
     sources = {
         "rank": layout.rank[1],
@@ -403,7 +404,7 @@ def _master_addr(v: Vars, layout: Layout, host_format: str) -> tuple[str, str]:
         ) from None
 
 
-def _master_port(v: Vars, job: tuple[str, str] | None) -> tuple[int, str]:
+def _master_port(v: Vars, job: tuple[str, str] | None, ports: range) -> tuple[int, str]:
     given = v.integer("MASTER_PORT", minimum=1)
     if given is not None:
         if given[0] > 65535:
@@ -422,15 +423,10 @@ def _master_port(v: Vars, job: tuple[str, str] | None) -> tuple[int, str]:
     job_id = int(job[0])
     step = v.integer("SLURM_STEP_ID", "SLURM_STEPID")
     step_id = step[0] if step else 0
-    given_range = v.first(PORT_RANGE_VAR)
-    ports = port_range({PORT_RANGE_VAR: given_range[0]} if given_range else {})
     rule = f"rule: derived from {job[1]} and step id"
-    if ports is not DEFAULT_PORTS:
+    if ports != DEFAULT_PORTS:
         rule += f", in {PORT_RANGE_VAR}"
     return derive_port(job_id, step_id, ports), rule
-
-
-DEFAULT_PORTS = range(PORT_BASE, PORT_BASE + PORT_SPAN)
 
 
 def port_range(environ: Mapping[str, str]) -> range:
