@@ -141,11 +141,10 @@ def dataloader_processes(job: Job, node: str) -> dict[int, bytes]:
     """{pid: command line} of the job's live multiprocessing processes on `node`: its DataLoader
     workers (spawn_main) and each worker's resource tracker."""
     found = {}
-    for pid in job_processes(job.id, node):
+    for pid in job_processes(job.id, node):  # (no zombie: its environ cannot be read)
         with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_bytes()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"multiprocessing" in cmdline and stat[stat.rfind(b")") + 2:][:1] != b"Z":
+            if b"multiprocessing" in cmdline:
                 found[pid] = cmdline
     return found
 
