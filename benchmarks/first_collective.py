@@ -82,8 +82,7 @@ def run(repeats: int = 5) -> list[Row]:
         out = Path(work) / "medians.json"
         subprocess.run([*ALLOCATION, sys.executable, "-m", "benchmarks.first_collective",
                         "--in-allocation", str(out), "--repeats", str(repeats)],
-                       env=cluster_env(), cwd=Path(__file__).resolve().parent.parent,
-                       check=True)  # fmt: skip
+                       env=cluster_env(), check=True)  # fmt: skip
         medians = json.loads(out.read_text())
     metric = f"time to first collective, {NODES}x{PER_NODE} ranks"
     return [

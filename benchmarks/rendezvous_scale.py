@@ -48,7 +48,6 @@ from typing import Any
 
 from benchmarks.table import Row, alternate, report, timed
 
-ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 DEFAULT_SIZES = (64, 256, 1024, 4096, 16384)
 BASE = 64  # the size every per-rank cost is compared with
@@ -378,7 +377,7 @@ def run(
                 "workers": workers, "pair_ids": pair_ids}  # fmt: skip
         command = [sys.executable, "-m", "benchmarks.rendezvous_scale", "--simulate",
                    json.dumps(args)]  # fmt: skip
-        done = subprocess.run([*(prefix or []), *command], cwd=ROOT, capture_output=True,
+        done = subprocess.run([*(prefix or []), *command], capture_output=True,
                               text=True, timeout=3600)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"the rendezvous simulation failed:\n{done.stderr[-4000:]}")

@@ -65,7 +65,7 @@ class Cluster:
         """Run a Slurm client command (srun, sbatch, scontrol...) and capture its output."""
         return subprocess.run(
             argv, env=kw.pop("env", None) or self.env(), capture_output=True, text=True,
-            timeout=timeout, cwd=kw.pop("cwd", ROOT), **kw,
+            timeout=timeout, **kw,
         )  # fmt: skip
 
     def srun(self, srun_args: list[str], command: list[str], **kw) -> subprocess.CompletedProcess:

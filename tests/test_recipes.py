@@ -137,9 +137,9 @@ class Sandbox:
     def run(self, command: str) -> tuple[str, int]:
         """stdout and stderr of one recipe command, paths as on Alice's machine; exit status."""
         words = shlex.split(command)
-        # This checkout's slurmddp, whatever the sandbox's working directory.
+        # slurmddp as installed in this interpreter's environment, as on Alice's machine.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.path(HOME)),
-               "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT)}  # fmt: skip
+               "LANG": "C.UTF-8"}  # fmt: skip
         while words and _ASSIGNMENT.match(words[0]):
             key, _, value = words.pop(0).partition("=")
             env[key] = str(self.path(value)) if value.startswith(("/", "~/")) else value

@@ -508,8 +508,11 @@ def test_a_failed_step_is_summarised_naming_the_rank_and_node(tmp_path, first, r
                                                              says):  # fmt: skip
     step = stand_in(tmp_path / "step", FAILING_STEP)
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "srun").write_text(FAKE_SRUN)
-    (tmp_path / "bin" / "srun").chmod(0o755)
+    # Slurm's clients too: a real scontrol would read the record of whatever job 7 is on the
+    # cluster this machine runs.
+    for name, body in (("srun", FAKE_SRUN), ("scontrol", DECISION_SCONTROL)):
+        (tmp_path / "bin" / name).write_text(body)
+        (tmp_path / "bin" / name).chmod(0o755)
     out = tmp_path / "out"
     (out / "7").mkdir(parents=True)
     (out / "7" / "failures").write_text("slurmddp: rank 9 (host n9) failed: an earlier run's\n")
@@ -520,7 +523,9 @@ def test_a_failed_step_is_summarised_naming_the_rank_and_node(tmp_path, first, r
                                                         python=str(step))))  # fmt: skip
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
            "SLURM_JOB_NODELIST": "n[1-2]", "SRUN_RECORD": str(tmp_path / "srun.argv"),
-           "FIRST": first, "REPORT": report, "STATUS": str(status)}  # fmt: skip
+           "FIRST": first, "REPORT": report, "STATUS": str(status),
+           "CALLS": str(tmp_path / "calls"), "RESTARTS_SHOWN": "0",
+           "SHOW_JOB": "PreemptTime=None TimeLimit=UNLIMITED"}  # fmt: skip
     with log.open("a") as f:
         r = subprocess.run(["bash", str(script)], env=env, stdout=f, stderr=subprocess.STDOUT,
                            timeout=30)  # fmt: skip
@@ -532,6 +537,7 @@ def test_a_failed_step_is_summarised_naming_the_rank_and_node(tmp_path, first, r
         says = [says[0], "the first failure a rank reported: rank 0 (host n1) failed: "
                 "RuntimeError: Connection closed by peer", says[1]]  # fmt: skip
     assert summary == says, text
+    assert "scontrol requeue" not in (tmp_path / "calls").read_text()
 
 
 def run_decision(tmp_path: Path, env: dict[str, str]):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import PROGRAMS, ROOT, launcher_free_env, tagged_json
+from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
 
 pytestmark = pytest.mark.mpi
 
@@ -17,7 +17,7 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 
 
 def run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=launcher_free_env(OMP_NUM_THREADS="1", **env), cwd=ROOT,
+    return subprocess.run(argv, env=launcher_free_env(OMP_NUM_THREADS="1", **env),
                           capture_output=True, text=True, timeout=180)  # fmt: skip
 
 
