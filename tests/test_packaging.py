@@ -89,7 +89,7 @@ def _editable() -> bool:
                     "scripts/test runs the suite on the built wheel")  # fmt: skip
 def test_the_suite_runs_the_installed_package_not_the_source_tree():
     here = Path(slurmddp.__file__).resolve()
-    assert not here.is_relative_to(ROOT), (
+    assert not here.is_relative_to(ROOT / "slurmddp"), (
         f"this suite imported slurmddp from the checkout ({here}): run it through scripts/test, "
         "or from a directory outside the checkout with the wheel installed")
     assert here.is_relative_to(Path(sys.prefix).resolve()), here
