@@ -8,7 +8,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from slurmddp import _moved
+
 __version__ = "0.1.0"
+
+# The previous release's module paths (slurmddp.train_state, ...) import for one more release,
+# with a DeprecationWarning naming the new path.
+_moved.install()
 
 _LAZY = {
     "DistEnv": "slurmddp.rank.env",

@@ -25,6 +25,8 @@ from typing import Any
 from slurmddp import files
 from slurmddp.preemption import api
 
+__all__ = ["Preemptible"]
+
 _STEP = re.compile(r"step-(\d+)")
 
 

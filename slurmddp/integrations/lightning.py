@@ -35,6 +35,8 @@ from slurmddp import files
 from slurmddp.errors import warn
 from slurmddp.preemption import api
 
+__all__ = ["StopProtocol", "fit"]
+
 _STEP = re.compile(r"step-(\d+)\.ckpt")
 
 

@@ -19,6 +19,8 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from slurmddp.preemption import api
 
+__all__ = ["StopProtocol", "train"]
+
 
 class StopProtocol(TrainerCallback):
     """Asks `slurmddp.should_stop` after every optimizer step (on every rank, as it must be);

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from slurmddp import _moved
+
 __all__ = ["mark_done", "requeue", "should_stop"]
 
 if TYPE_CHECKING:
@@ -24,4 +26,4 @@ def __getattr__(name: str) -> Any:
     # its modules already imported (runpy warns when it does), and stay a quick start.
     if name in __all__:
         return getattr(importlib.import_module("slurmddp.preemption.api"), name)
-    raise AttributeError(f"module 'slurmddp.preemption' has no attribute {name!r}")
+    return _moved.attribute(__name__, name)  # the rest of the old module's names, deprecated

@@ -38,6 +38,12 @@ from slurmddp.rank import hostlist, slurm_step
 from slurmddp.rank.slurm_step import hostfile_head as hostfile_head  # part of this module's API
 from slurmddp.rank.variables import Launcher, Layout, Vars
 
+__all__ = [
+    "DEFAULT_PORT", "DEFAULT_PORTS", "LAUNCHER_PREFIXES", "LAUNCHER_VARIABLES", "LOOPBACK",
+    "PORT_BASE", "PORT_SPAN", "DistEnv", "EnvError", "Launcher", "MpiNodes", "NodesUnknown",
+    "derive_port", "hostfile_head", "launcher_variables", "port_range", "resolve",
+]  # fmt: skip
+
 # Derived master ports stay below Linux's ephemeral range (32768-60999) so that a port the kernel
 # handed to some client socket is never picked, and above most well-known services.
 PORT_BASE = 15000
