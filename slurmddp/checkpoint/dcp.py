@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import pickle
 import sys
@@ -77,7 +78,10 @@ def reader_class() -> type:
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            path = Path(self._get_metadata_path(kwargs.get("rank")))
+            # torch 2.9 added _get_metadata_path (and a rank's own metadata file); before, the
+            # metadata is always the directory's .metadata.
+            locate = getattr(self, "_get_metadata_path", None)
+            path = Path(locate(kwargs.get("rank")) if locate else Path(self.path) / METADATA)
             with open(path, "rb") as f:
                 metadata = MetadataUnpickler(f).load()
             if getattr(metadata, "storage_meta", None) is None:
@@ -102,6 +106,19 @@ def planner_class() -> type:
             super().load_bytes(read_item, io.BytesIO(data))
 
     return SafeLoadPlanner
+
+
+def no_dist_kwargs(no_dist: bool) -> dict[str, Any]:
+    """``no_dist=`` for dcp.async_save where it takes it (torch 2.9 and later); an older torch's
+    async_save decides it from whether a process group is initialised, as `save` does."""
+    import torch.distributed.checkpoint as dcp
+
+    return {"no_dist": no_dist} if _takes_no_dist(dcp.async_save) else {}
+
+
+@functools.cache
+def _takes_no_dist(async_save: Any) -> bool:
+    return "no_dist" in inspect.signature(async_save).parameters
 
 
 @contextlib.contextmanager

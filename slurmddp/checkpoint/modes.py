@@ -277,7 +277,7 @@ class AsyncSharded(_Async):
         try:
             future = dcp.async_save(state, storage_writer=_writer(tmp),
                                     process_group=self._process_group(),
-                                    no_dist=dist.group() is None)  # fmt: skip
+                                    **safe_dcp.no_dist_kwargs(dist.group() is None))  # fmt: skip
         except _dcp_errors() as e:
             error = self.directory.save_error(step, safe_dcp.cause(e))
         if not ranks.agree(error is None):
