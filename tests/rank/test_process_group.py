@@ -167,9 +167,11 @@ def test_a_taken_port_fails_rank_0_at_once_naming_the_port():
         squatter.bind(("0.0.0.0", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        (out,) = start_ranks(START, [0], 2, port)
+        (out,) = start_ranks(START, [0], 2, port, SLURMDDP_STARTUP_TIMEOUT="60")
     took, message = out.split(" ", 1)
-    assert float(took) < 5, out
+    # Not the startup timeout's end: the time measured holds torch's import, slow on a loaded
+    # machine (5.0 s was seen), so the bound is half the timeout, not a speed.
+    assert float(took) < 30, out
     assert message.startswith(f"rank 0 cannot open the rendezvous: port {port} (MASTER_PORT) on ")
     assert "is already in use by another process" in message, out
 
