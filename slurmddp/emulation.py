@@ -1,5 +1,5 @@
-"""``python -m slurmddp.emulation``: one emulated Slurm task of a ``--local`` job
-(`slurmddp.batch.emulation`)."""
+"""``python -m slurmddp.emulation batch|srun|scontrol``: ``--local``'s stand-ins of slurmd, srun and
+scontrol (`slurmddp.batch.emulation`)."""
 
 from slurmddp.batch.emulation import main
 from slurmddp.rank.runner import exit_process

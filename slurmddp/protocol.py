@@ -50,6 +50,9 @@ NODES_LOST_FILE_VAR: Final = "SLURMDDP_NODES_LOST_FILE"
 EXCLUDED_FILE_VAR: Final = "SLURMDDP_EXCLUDED_FILE"
 # The local emulation's restart counter, written by rank 0 when it asks submitit for a requeue.
 LOCAL_RESTART_FILE_VAR: Final = "SLURMDDP_LOCAL_RESTART_FILE"
+# The local emulation's state directory (slurmddp.batch.emulation): its stand-ins of srun and
+# scontrol find the job there.
+LOCAL_STATE_VAR: Final = "SLURMDDP_LOCAL_STATE"
 
 # (variable, file name) of each file the batch script creates the variable for.
 STATE_FILES: Final = (

@@ -273,14 +273,16 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
                  cwd=tmp_path, state=tmp_path / "state", timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     job = json.loads(r.stdout.splitlines()[0])["job_id"]
-    rank0 = "\n".join(p.read_text() for p in sorted((tmp_path / "logs").glob(f"{job}_0_log.*")))
+    # The decision's lines are the batch log's, the training's rank 0's.
+    rank0 = "\n".join((tmp_path / "logs" / name).read_text()
+                       for name in (f"{job}.batch.log", f"{job}/rank-0.log"))  # fmt: skip
     assert "stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in rank0
     stop = re.search(r"^stopped at step (\d+) \(epoch (\d+), sample (\d+)\)$", rank0, re.M)
     assert stop, rank0
     step, epoch, sample = stop.groups()
     assert int(step) < 40 and 0 < int(sample) < 1280, rank0
     assert f"resumed from step-{int(step):08d}: epoch {epoch}, sample {sample}" in rank0
-    assert "epoch" not in (tmp_path / "logs" / f"{job}_1_log.out").read_text()
+    assert "epoch" not in (tmp_path / "logs" / job / "rank-1.log").read_text()
     result = tagged_json(rank0, "RESULT ")[-1]
     assert result["restart"] == 1
     assert {k: result[k] for k in ("digest", "val_loss", "steps")} == {

@@ -7,7 +7,8 @@ lists them. `jobspec` is the frozen `JobSpec` with its checks (pure); `templatin
 shipped Jinja templates, quoting everything that reaches a shell; `sbatch` turns a `JobSpec`
 into the batch script (the protocol's names come from `slurmddp.protocol`); `snapshot` copies
 the job's code into its output directory, so that every run runs what was submitted;
-`submission` hands it to submitit (Slurm, or ``--local``, whose tasks `emulation` plays);
+`submission` hands it to submitit (Slurm, or ``--local``, whose srun and scontrol `emulation`
+stands in for);
 `jobs` tracks submitted jobs: their files, states, logs, cancel and follow. `executor` submits a
 Python function as a job, in submitit's style (results, arrays, `Checkpointable`); `call` is what
 each of its ranks does with the function.

@@ -360,21 +360,23 @@ def cancel(records: Iterable[JobRecord], tasks: Iterable[str] = ()) -> None:
 
 
 def local_state(record: JobRecord) -> str:
-    """A local job runs while its controller lives; then the ranks' exit files tell the end."""
+    """A local job runs while its controller lives; then its batch script's exit file tells the
+    end (none: it was cancelled)."""
     if _alive(int(record.job_id)):
         return "RUNNING"
-    codes = [local_exit_code(record, rank) for rank in range(record.tasks)]
-    if any(c is None for c in codes):
+    code = local_exit_code(record)
+    if code is None:
         return "CANCELLED"
-    return "COMPLETED" if all(c == 0 for c in codes) else "FAILED"
+    return "COMPLETED" if code == 0 else "FAILED"
 
 
-def local_exit_path(folder: str | Path, job_id: str, rank: int) -> Path:
-    return Path(folder) / f"{job_id}_{rank}_exit"
+def local_exit_path(folder: str | Path, job_id: str) -> Path:
+    """Where a local job's batch script leaves its exit status (`slurmddp.batch.emulation`)."""
+    return Path(folder) / f"{job_id}_exit"
 
 
-def local_exit_code(record: JobRecord, rank: int) -> int | None:
-    path = local_exit_path(record.folder, record.job_id, rank)
+def local_exit_code(record: JobRecord) -> int | None:
+    path = local_exit_path(record.folder, record.job_id)
     try:
         return int(path.read_text().strip())
     except (OSError, ValueError):
@@ -384,8 +386,8 @@ def local_exit_code(record: JobRecord, rank: int) -> int | None:
 def exit_code(record: JobRecord) -> int:
     """How the job ended, as a process exit status (0 when it succeeded)."""
     if record.engine == "local":
-        codes = [local_exit_code(record, rank) for rank in range(record.tasks)]
-        return max((1 if c is None else c for c in codes), default=1)
+        code = local_exit_code(record)
+        return 1 if code is None else code
     return slurm_exit_code(record.job_id)
 
 

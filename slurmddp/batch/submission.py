@@ -2,8 +2,9 @@
 
 On Slurm, submitit's SlurmExecutor submits our rendered batch script (not its own) and returns a
 submitit job handle whose folder, log paths, state and cancel are submitit's. With ``--local``,
-submitit's LocalExecutor starts nodes x tasks processes on this machine, each given the SLURM_*
-variables of a real step (slurmddp.emulation). Either way the job lands in the registry.
+submitit's LocalExecutor runs the same rendered batch script on this machine, with local
+stand-ins of srun and scontrol (`slurmddp.batch.emulation`). Either way the job lands in the
+registry.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import secrets
 import shlex
 import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -22,10 +25,9 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from slurmddp import protocol
-from slurmddp.batch import jobs, snapshot
+from slurmddp.batch import emulation, jobs, snapshot
 from slurmddp.batch.jobspec import JobSpec, SpecError
-from slurmddp.batch.sbatch import render_for
+from slurmddp.batch.sbatch import context, render_for
 from slurmddp.errors import SubmissionError, UserError
 from slurmddp.files import make_dirs
 
@@ -55,21 +57,24 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
            template: Path | None = None, code_from: Path | None = None):
     """Submit `spec` and return its submitit job handle (a SlurmJob, or a LocalJob when local).
 
-    `template`: the user's batch script template, else the shipped one (a local job runs no
-    batch script). `signal_after` (local only): seconds into each run to send the stop signal,
-    one per run.
+    `template`: the user's batch script template, else the shipped one (a local job runs it
+    too). `signal_after` (local only): seconds into each run to send the stop signal to the batch
+    script, one per run.
     The handle gives state, paths and cancel; it has no result: the job is a program, not a
     pickled function. With `spec.snapshot` (and no `code_dir` yet) the job runs a snapshot of
     its code taken here, first (`slurmddp.batch.snapshot`): of `code_from` when given (the
     directory a function's job imports it from), else of the target's.
     """
+    if local and (problem := emulation.local_problem(spec)) is not None:
+        raise SpecError(f"--local: {problem}")  # before anything is made
     created = _make_output_dir(Path(spec.output_dir))  # sbatch needs the batch log's directory
     taken = None
     try:
         if spec.snapshot and spec.code_dir is None:
             taken = snapshot.take(spec, code_from=code_from)
             spec = taken.spec
-        job = _submit_local(spec, signal_after) if local else _submit_slurm(spec, template)
+        job = (_submit_local(spec, signal_after, template) if local
+               else _submit_slurm(spec, template))  # fmt: skip
     except (SubmissionError, UserError):
         if taken is not None:  # nothing half-done: no snapshot of a job that does not exist
             taken.discard()
@@ -85,7 +90,7 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
             engine="local" if local else "slurm",
             tasks=spec.nodes_max * spec.ntasks_per_node,
             submitted=time.time(),
-            log_pattern=_log_pattern(spec, local),
+            log_pattern=_log_pattern(spec),
             array="" if local else jobs.array_indices(spec.sbatch_args),
         )
     )
@@ -132,49 +137,59 @@ def _submit_slurm(spec: JobSpec, template: Path | None):
         raise SubmissionError(f"sbatch refused the job: {verdict}") from None
 
 
-def _submit_local(spec: JobSpec, signal_after: Sequence[float]):
+def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path | None):
+    """Run the job's batch script on this machine (`slurmddp.batch.emulation`), as one task of
+    submitit's LocalExecutor, whose controller warns it before the time limit and starts it again
+    when it was requeued."""
+    ctx = context(spec)
+    text = render_for(spec, template)
+    folder = Path(spec.output_dir).resolve()
+    script = folder / f".local_script_{secrets.token_hex(6)}.sh"
+    script.write_text(text)
+    script.chmod(0o700)
     # submitit's local controller (a child of this process) reads the signal it sends before the
     # time-out from its environment.
     os.environ["SUBMITIT_PREEMPT_SIGNAL"] = spec.signal
     executor = submitit.LocalExecutor(folder=spec.output_dir, python=shlex.quote(spec.python))
-    tasks = spec.nodes_max * spec.ntasks_per_node
-    # submitit's controller signals each run `signal_delay_s` before its time-out, as Slurm does
-    # before the time limit, and starts the tasks again when they ask to be requeued.
     timeout_s = (spec.time_minutes or 60 * 24 * 365) * 60
-    executor.update_parameters(
-        tasks_per_node=tasks,
-        timeout_min=timeout_s / 60,
-        signal_delay_s=spec.signal_lead,
-        setup=list(spec.setup),
-    )
+    executor.update_parameters(tasks_per_node=1, timeout_min=timeout_s / 60,
+                               signal_delay_s=spec.signal_lead)  # fmt: skip
     command = [
-        spec.python, "-u", "-m", "slurmddp.emulation",
-        "--nodes", str(spec.nodes_max),
-        "--ntasks-per-node", str(spec.ntasks_per_node),
-        "--folder", str(Path(spec.output_dir).resolve()),
+        spec.python, "-u", "-m", "slurmddp.emulation", "batch",
+        "--script", str(script),
+        "--batch-log", str(ctx["batch_log"]),
+        "--folder", str(folder),
+        "--nodes", str(spec.nodes_max + spec.spare_nodes),
+        "--ntasks-per-node", str(ctx["tasks_per_node"]),
+        *([f"--cpus-per-task={ctx['cpus_per_task']}"] if ctx["cpus_per_task"] else []),
+        "--gpus-per-node", str(spec.gpus_per_node),
+        "--job-name", spec.job_name,
+        "--submit-dir", os.getcwd(),
+        "--submit-host", socket.gethostname(),
+        *([f"--time-limit={spec.time_minutes * 60}"] if spec.time_minutes else []),
+        *([] if spec.requeue else ["--no-requeue"]),
         "--signal", spec.signal,
-        "--max-requeues", str(spec.max_requeues if spec.requeue else 0),
         *[f"--signal-after={s}" for s in signal_after],
-        *[f"--env={k}={v}" for k, v in spec.env],
-        *([f"--env={protocol.CODE_DIR_VAR}={spec.code_dir}"] if spec.code_dir else []),
-        "--", *spec.target,
     ]  # fmt: skip
     # submitit's local controller would be in the terminal's process group: a Ctrl-C meant for
     # `submit --follow` would end the job too, with a traceback. Started with SIGINT ignored (as
     # its children then are), it survives as a Slurm job does; `slurmddp cancel` ends it.
-    if threading.current_thread() is not threading.main_thread():  # signals are the main's
-        return executor._submit_command(shlex.join(command))
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return executor._submit_command(shlex.join(command))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        if threading.current_thread() is not threading.main_thread():  # signals are the main's
+            return executor._submit_command(shlex.join(command))
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return executor._submit_command(shlex.join(command))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    except BaseException:
+        script.unlink(missing_ok=True)
+        raise
 
 
-def _log_pattern(spec: JobSpec, local: bool) -> str:
-    if local:
-        return jobs.LOCAL_LOG_PATTERN
-    # Under torchrun one log per node holds its ranks' lines, under mpirun one log holds them
-    # all; lines tagged [rank/world].
+def _log_pattern(spec: JobSpec) -> str:
+    # A local job runs the same batch script, so its logs lie where a Slurm job's do. Under
+    # torchrun one log per node holds its ranks' lines, under mpirun one log holds them all;
+    # lines tagged [rank/world].
     return {"torchrun": jobs.TORCHRUN_LOG_PATTERN,
             "mpirun": jobs.MPIRUN_LOG_PATTERN}.get(spec.launcher, jobs.SLURM_LOG_PATTERN)

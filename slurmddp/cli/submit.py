@@ -58,10 +58,12 @@ _FLAGS = (
     _Flag(("--json",), {"action": "store_true", "help": "print the submission as JSON"},
           ("submit",)),
     _Flag(("--local",), {"action": "store_true",
-                         "help": "run here without Slurm: nodes x tasks processes"}, ("submit",)),
+                         "help": "run here without Slurm: the same batch script, with "
+                                 "local stand-ins of srun and scontrol"}, ("submit",)),
     _Flag(("--local-signal-after",), {
         "type": _seconds_list, "metavar": "S[,S...]",
-        "help": "with --local: send the stop signal S seconds into each run, one value per run "
+        "help": "with --local: send the stop signal to the batch script S seconds into each "
+                "run, one value per run "
                 "(preempting it that often)"}, ("submit",)),
     _Flag(("-o", "--output-file"), {"dest": "output_file", "metavar": "FILE",
                                     "help": "write the script here (default: standard output)"},

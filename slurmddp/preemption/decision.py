@@ -7,7 +7,8 @@
   reads ``scontrol show job -o`` on stdin and the step's outcome from its options, prints its
   messages on stderr and one line ``ACTION STATUS TARGET`` on stdout; the shell acts on it;
 - rank 0 in a user's own batch script (`slurmddp.preemption.api.requeue`), with the same facts;
-- the local emulation of ``--local``, without Slurm's record of the job.
+- a process under the old local requeue route (`slurmddp.preemption.api`), without Slurm's
+  record of the job (``--local`` runs the batch script above, with a stand-in scontrol).
 
 The rules, first match wins:
 

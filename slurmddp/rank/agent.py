@@ -105,8 +105,27 @@ def with_rdzv_conf(argv: Sequence[str], environ: Mapping[str, str], timeout_s: f
     node = environ.get("SLURMD_NODENAME")
     backend = _option(args, "--rdzv-backend", "--rdzv_backend") or "static"
     if backend == "c10d" and endpoint and node:
-        conf += f",is_host={str(endpoint.rsplit(':', 1)[0] == node).lower()}"
+        conf += f",is_host={str(hosts_store(endpoint.rsplit(':', 1)[0], node, environ)).lower()}"
     return [f"--rdzv-conf={conf}", *args]
+
+
+def hosts_store(host: str, node: str, environ: Mapping[str, str]) -> bool:
+    """Whether the agent of `node` hosts the c10d store at `host`: the endpoint's node, by name;
+    where several nodes of the step bear that name (``--local``'s, all localhost), the first of
+    them (by SLURM_NODEID), as it is the first node's agent on a cluster."""
+    if host != node:
+        return False
+    from slurmddp.rank import hostlist
+
+    try:
+        names = hostlist.expand(environ.get("SLURM_STEP_NODELIST")
+                                or environ.get("SLURM_JOB_NODELIST", ""))  # fmt: skip
+    except hostlist.HostlistError:
+        return True
+    index = environ.get("SLURM_NODEID", "")
+    if names.count(node) < 2 or not index.isdigit():
+        return True
+    return names.index(node) == int(index)
 
 
 def lost_a_node(state: Any, size: int) -> bool:

@@ -44,15 +44,14 @@ def test_registry_directories_are_never_world_writable(tmp_path):
         assert directory.stat().st_mode & 0o777 == 0o775
 
 
-def test_local_state_reads_the_ranks_exit_files(tmp_path):
+def test_local_state_reads_the_batch_scripts_exit_file(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
     r = record(tmp_path, job_id=done)
-    assert jobs.local_state(r) == "CANCELLED"  # dead, and no rank said how it ended
-    for rank, code in enumerate((0, 0)):
-        jobs.local_exit_path(tmp_path, done, rank).write_text(f"{code}\n")
+    assert jobs.local_state(r) == "CANCELLED"  # dead, and its batch script did not say how
+    jobs.local_exit_path(tmp_path, done).write_text("0\n")
     assert jobs.local_state(r) == "COMPLETED"
-    jobs.local_exit_path(tmp_path, done, 1).write_text("3\n")
+    jobs.local_exit_path(tmp_path, done).write_text("3\n")
     assert jobs.local_state(r) == "FAILED"
     assert jobs.exit_code(r) == 3
     assert jobs.local_state(record(tmp_path, job_id=str(os.getpid()))) == "RUNNING"

@@ -57,7 +57,7 @@ def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp
                      "--ntasks-per-node", "2", TRAIN, "--steps", "6", cwd=tmp_path)  # fmt: skip
     assert local.returncode == 0, local.stdout + local.stderr
     job_local = submitted(local)
-    logs = Path(job_local["job_dir"]).glob(f"{job_local['job_id']}_*_log.out")
+    logs = (Path(job_local["job_dir"]) / job_local["job_id"]).glob("rank-*.log")
     local_digests = {x["digest"] for p in logs for x in tagged_json(p.read_text(), "RESULT ")}
     assert local_digests == {results[0]["digest"]}
 
@@ -77,7 +77,7 @@ def test_launcher_variables_left_in_the_submitting_shell_never_decide_a_rank(slu
     if where == "cluster":
         ranks = [x["rank"] for x in rank_results(job)]
     else:
-        logs = Path(job["job_dir"]).glob(f"{job['job_id']}_*_log.out")
+        logs = (Path(job["job_dir"]) / job["job_id"]).glob("rank-*.log")
         ranks = [x["rank"] for p in logs for x in tagged_json(p.read_text(), "RESULT ")]
     assert sorted(ranks) == [0, 1, 2, 3]
 

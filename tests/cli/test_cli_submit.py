@@ -118,7 +118,8 @@ def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
     job = slurmddp.submit(spec, local=True)
     job._process.wait(timeout=60)
     assert job.state == "FINISHED"  # submitit's own state of a local job
-    logs = sorted((tmp_path / "jobs").glob(f"{job.job_id}_*_log.out"))
+    # Where a Slurm job's ranks log: a local job runs the same batch script.
+    logs = sorted((tmp_path / "jobs" / str(job.job_id)).glob("rank-*.log"))
     assert [p.read_text() for p in logs] == ["hello from 0\n", "hello from 1\n"]
 
 

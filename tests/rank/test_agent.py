@@ -62,6 +62,15 @@ def test_the_rdzv_conf_bounds_the_join_and_names_the_store_host(argv, node, conf
     assert with_rdzv_conf(argv, environ, 300.0) == [f"--rdzv-conf={conf}", *argv]
 
 
+@pytest.mark.parametrize(("nodeid", "host"), [("0", "true"), ("1", "false")])
+def test_of_nodes_that_share_a_name_the_first_hosts_the_store(nodeid, host):
+    # --local: every emulated node is localhost, the rendezvous endpoint too.
+    argv = ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400", "t.py"]
+    environ = {"SLURMD_NODENAME": "localhost", "SLURM_STEP_NODELIST": "localhost,localhost",
+               "SLURM_NODEID": nodeid}  # fmt: skip
+    assert with_rdzv_conf(argv, environ, 300.0)[0] == f"--rdzv-conf={BASE},is_host={host}"
+
+
 @pytest.mark.parametrize("argv", [
     ["--rdzv-conf=join_timeout=9", "t.py"],
     ["--rdzv_conf", "read_timeout=5", "t.py"],
