@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -201,7 +202,9 @@ def test_requeue_waits_for_an_asynchronous_save_in_flight(tmp_path):
         time.sleep(0.1)  # taken by the signal thread, then by the main thread's handler
         assert slurmddp.should_stop()
         slurmddp.requeue()
-        """, SLURM_JOB_ID="7", SLURMDDP_REQUEUE_FILE=str(requeue))  # fmt: skip
+        """, SLURM_JOB_ID="7", SLURMDDP_REQUEUE_FILE=str(requeue),
+        # The job's end known: should_stop asks no scontrol about a job 7 of a live cluster.
+        SLURM_JOB_END_TIME=str(int(time.time()) + 3600))  # fmt: skip
     assert r.returncode == 0, r.stderr
     latest = tmp_path / "ckpt" / "latest"
     assert latest.read_text().strip() == "step-00000007"
