@@ -9,6 +9,7 @@ from benchmarks import (
     checkpoint_write,
     cli_latency,
     cpu_threads,
+    data_loading,
     elastic_recovery,
     first_collective,
     hostlist_speed,
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "preemption": lambda o: preemption_turnaround.run(o.repeats),
     "elastic": lambda o: elastic_recovery.run(o.repeats),
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
+    "data": lambda o: data_loading.run(repeats=o.repeats),
     "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
 }
 

@@ -24,19 +24,29 @@ from torch.utils.data import DataLoader, TensorDataset
 from slurmddp.integrations.accelerate import Preemptible
 
 
+class Noisy(TensorDataset):
+    """Random augmentation: noise on every sample as it is fetched."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x + 0.1 * torch.randn_like(x), y
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--augment", action="store_true", help="random noise on every sample")
     opts = p.parse_args()
 
     set_seed(0)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
-    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    loader = DataLoader(data, batch_size=8, shuffle=True,
+    data = (Noisy if opts.augment else TensorDataset)(x, x.sum(dim=1, keepdim=True))
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=opts.workers,
                         generator=torch.Generator().manual_seed(0))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1),
                                 torch.nn.Linear(16, 1))

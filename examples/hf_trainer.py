@@ -35,6 +35,16 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class Masked(Tokens):
+    """Random augmentation: a token in eight replaced by a random one, as each sample is read."""
+
+    def __getitem__(self, i: int) -> dict:
+        ids = self.ids[i].clone()
+        where = torch.rand(ids.shape) < 0.125
+        ids[where] = torch.randint(0, 64, (int(where.sum()),))
+        return {"input_ids": ids, "labels": self.ids[i]}
+
+
 class Pace(TrainerCallback):
     """Extra seconds per step (so a test can preempt mid-training) and a line every N steps."""
 
@@ -53,6 +63,8 @@ def main() -> int:
     p.add_argument("--output-dir", default="hf-out")
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--augment", action="store_true", help="random token replacement")
     opts = p.parse_args()
 
     torch.manual_seed(0)
@@ -61,9 +73,10 @@ def main() -> int:
         output_dir=opts.output_dir, max_steps=opts.steps, per_device_train_batch_size=8,
         learning_rate=1e-3, save_strategy="no", report_to=[], logging_strategy="no",
         use_cpu=not torch.cuda.is_available(), seed=0, data_seed=0, disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=opts.workers,
     )
-    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
+    data = Masked() if opts.augment else Tokens()
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
                       callbacks=[Pace(opts.step_time, opts.log_every)])
     train(trainer)
 

@@ -20,18 +20,20 @@ import time
 
 import lightning as L
 import torch
-from torch.utils.data import DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from slurmddp.integrations.lightning import fit
 
 
 class Regression(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                       torch.nn.Linear(16, 1))
+        layers = [torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
+        if dropout:
+            layers.insert(2, torch.nn.Dropout(dropout))
+        self.net = torch.nn.Sequential(*layers)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -53,12 +55,23 @@ class Pace(L.Callback):
             print(f"step {trainer.global_step} ", flush=True)
 
 
-def make_loader(workers: int = 0) -> StatefulDataLoader:
+class Noisy(TensorDataset):
+    """Random augmentation: noise on every sample as it is fetched."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x + 0.1 * torch.randn_like(x), y
+
+
+def make_loader(workers: int = 0, plain: bool = False, augment: bool = False):
     x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
-    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    data = (Noisy if augment else TensorDataset)(x, x.sum(dim=1, keepdim=True))
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    return StatefulDataLoader(data, batch_size=8, sampler=sampler, num_workers=workers)
+    # A plain DataLoader resumes at its batch too: slurmddp saves its position (and seeds its
+    # augmentation by sample), where Lightning alone would start its epoch again.
+    kind = DataLoader if plain else StatefulDataLoader
+    return kind(data, batch_size=8, sampler=sampler, num_workers=workers)
 
 
 class Data(L.LightningDataModule):
@@ -74,6 +87,9 @@ def main() -> int:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--datamodule", action="store_true", help="the data from a LightningDataModule")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--dropout", type=float, default=0.0, help="a Dropout layer of this rate")
+    p.add_argument("--plain", action="store_true", help="torch's DataLoader, not torchdata's")
+    p.add_argument("--augment", action="store_true", help="random noise on every sample")
     opts = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -85,11 +101,12 @@ def main() -> int:
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=[Pace(opts.step_time, opts.log_every)],
     )  # fmt: skip
-    model = Regression()
+    model = Regression(opts.dropout)
     if opts.datamodule:
         fit(trainer, model, datamodule=Data(), dirpath=opts.checkpoint_dir)
     else:
-        fit(trainer, model, make_loader(opts.workers), dirpath=opts.checkpoint_dir)
+        fit(trainer, model, make_loader(opts.workers, opts.plain, opts.augment),
+            dirpath=opts.checkpoint_dir)
 
     flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()

@@ -53,10 +53,11 @@ def main() -> int:
     x = torch.randn(1000, 16, generator=data)
     dataset = TensorDataset(x, x @ torch.linspace(-1, 1, 16).unsqueeze(1))
     sampler = slurmddp.ResumableDistributedSampler(dataset, shuffle=True, seed=7)
-    # Its own generator: a DataLoader iterator otherwise draws a seed from the global RNG, and a
-    # resumed run creates one iterator more than an uninterrupted one.
+    # Built as usual: slurmddp.init() seeds every DataLoader from (seed, epoch, sample), so
+    # making an iterator draws nothing from the training's generator (README, "Exact resume
+    # with a DataLoader").
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                        generator=torch.Generator(), num_workers=args.workers,
+                        num_workers=args.workers,
                         multiprocessing_context=args.worker_start if args.workers else None,
                         persistent_workers=args.workers > 0)  # fmt: skip
     ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2)

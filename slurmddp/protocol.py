@@ -21,6 +21,9 @@ MASTER_HOST_FORMAT_VAR: Final = "SLURMDDP_MASTER_HOST_FORMAT"  # rank 0's addres
 PORT_RANGE_VAR: Final = "SLURMDDP_PORT_RANGE"
 PROFILES_VAR: Final = "SLURMDDP_PROFILES"  # the centre's profiles file
 DEBUG_VAR: Final = "SLURMDDP_DEBUG"  # set (not 0): errors come with their traceback
+# 0: DataLoaders keep torch's own seeding (slurmddp.training.loader), and no resume of their
+# random augmentation, shuffling or dropout after them is exact.
+EXACT_DATA_VAR: Final = "SLURMDDP_EXACT_DATA"
 # The run's id for trackers, the same in every requeue (slurmddp.rank.identity): exported by
 # every rank's bootstrap; one the user set wins (to chain jobs into one run).
 RUN_ID_VAR: Final = "SLURMDDP_RUN_ID"

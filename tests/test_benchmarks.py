@@ -10,6 +10,7 @@ from benchmarks import (
     checkpoint_write,
     cli_latency,
     cpu_threads,
+    data_loading,
     elastic_recovery,
     first_collective,
     hostlist_speed,
@@ -40,6 +41,13 @@ def test_checkpoint_write(tmp_path):
     saved = json.loads((tmp_path / "out.json").read_text())
     assert [r["metric"] for r in saved["rows"]] == [r.metric for r in rows]
     assert saved["machine"]["cpus"] >= 1
+
+
+def test_data_loading():
+    rows = data_loading.run(batches=5, repeats=1)
+    check(rows)
+    assert [r.baseline_label for r in rows] == ["torch's own seeding",
+                                                "the consumed batches fetched and dropped"]
 
 
 def test_hostlist_speed():

@@ -38,10 +38,12 @@ PUBLIC = {
         "PORT_SPAN", "derive_port", "hostfile_head", "launcher_variables", "port_range", "resolve",
     ],
     "slurmddp.rank.hostlist": ["compress", "expand", "expand_tasks_per_node"],
-    "slurmddp.training": ["sampler", "train_state"],
+    "slurmddp.training": ["loader", "sampler", "train_state"],
+    "slurmddp.training.loader": ["enabled", "expect", "fingerprint", "inexact", "install", "load",
+                                 "mix", "sampler_of", "state", "tracked"],
     "slurmddp.training.train_state": [
-        "capture", "capture_rng", "prime_ddp", "prime_on_next_forward", "restore", "restore_rng",
-        "unwrap",
+        "capture", "capture_rng", "own", "per_rank", "prime_ddp", "prime_on_next_forward",
+        "restore", "restore_rng", "unwrap",
     ],
 }  # fmt: skip
 

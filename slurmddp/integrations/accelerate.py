@@ -24,6 +24,10 @@ from typing import Any
 
 from slurmddp import files
 from slurmddp.preemption import api
+from slurmddp.training import loader as exact_data
+
+# Before any loader iterates, in the first run as in a resumed one: the seeding must match.
+exact_data.install()
 
 __all__ = ["Preemptible"]
 

@@ -14,6 +14,12 @@ Lightning starts the resumed epoch, which it would otherwise draw in epoch 0's o
 issue #21938); a stop at an epoch's last batch is put off to the next batch, as Lightning
 resumed from there counts that epoch twice.
 
+Lightning keeps no random generator state in its checkpoint: the callback does (every rank's,
+put back just before the first training batch of the resumed run), with the position of every
+plain DataLoader it trains on (`slurmddp.training.loader`: the resumed epoch goes on at the next
+batch, with the same augmentation, also for a loader Lightning rebuilt with its own sampler). So
+a model with dropout and a loader with workers and random augmentation resume bitwise.
+
 Lightning's own SLURM auto-requeue (its SIGUSR1 handler) is left out, and said so, when the stop
 signal is USR1: slurmddp's handler is installed first, and Lightning adds its own only where none
 is. Lightning's SIGTERM handler (which would end fit at the batch's end, before the ranks agree
@@ -34,10 +40,16 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from slurmddp import files
 from slurmddp.errors import warn
 from slurmddp.preemption import api
+from slurmddp.training import loader as exact_data
+from slurmddp.training import train_state
+
+# Before any loader iterates, in the first run as in a resumed one: the seeding must match.
+exact_data.install()
 
 __all__ = ["StopProtocol", "fit"]
 
 _STEP = re.compile(r"step-(\d+)\.ckpt")
+_KEY = "slurmddp"  # the callback's entry in Lightning's checkpoint
 
 
 class StopProtocol(Callback):
@@ -53,14 +65,38 @@ class StopProtocol(Callback):
         self.loaders = loaders
         self.stopped_at: int | None = None
         self.deferred = False  # the stop was put off by a batch (see on_train_batch_end)
+        self.rng: Any = None  # the generators to put back before the resumed run's first batch
 
     def latest(self) -> str | None:
         """The newest complete ``step-N.ckpt`` in `dirpath`, or None."""
         found = [(int(m[1]), p) for p in self._entries() if (m := _STEP.fullmatch(p.name))]
         return str(max(found)[1]) if found else None
 
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: Any,
+                           checkpoint: dict[str, Any]) -> None:  # fmt: skip
+        # Every rank saves (trainer.save_checkpoint on each, in on_train_batch_end); rank 0's
+        # dict is written: what differs by rank is gathered, a collective on every rank.
+        states = []
+        for d in _loaders(trainer.train_dataloader):
+            if exact_data.tracked(d):
+                state = exact_data.state(d)
+                if callable(getattr(d, "load_state_dict", None)):
+                    state["consumed"] = 0  # a stateful loader: Lightning puts its position back
+                states.append(state)
+        checkpoint[_KEY] = {
+            "rng": train_state.per_rank(train_state.capture_rng()),
+            # A dict: per_rank of one process is its value, and a list would read as per rank.
+            "loaders": train_state.per_rank({"states": states}),
+        }
+
     def on_load_checkpoint(self, trainer: Trainer, pl_module: Any,
                            checkpoint: dict[str, Any]) -> None:  # fmt: skip
+        saved = checkpoint.get(_KEY)
+        if saved is not None:
+            self.rng = train_state.own(saved["rng"])
+            # The loaders Lightning iterates may not exist yet (it rebuilds a user's loader
+            # around its own sampler): each takes its state as it makes its first iterator.
+            exact_data.expect(train_state.own(saved["loaders"])["states"])
         # Lightning (2.5.3 and later, its issue #21938) creates the resumed epoch's iterator
         # before it sets the samplers' epoch: a DistributedSampler would then replay epoch 0's
         # order for the rest of the resumed epoch, and the run would not be the one it resumes.
@@ -88,6 +124,12 @@ class StopProtocol(Callback):
         # Lightning installed its handlers as fit began: on TERM it would end fit at the batch's
         # end (SIGTERMException), before the ranks agree and checkpoint.
         api.state().receiver.take_back()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        if self.rng is not None:  # where the uninterrupted run stood after the saved batch
+            train_state.restore_rng(self.rng)
+            self.rng = None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip
@@ -149,15 +191,19 @@ def _set_epoch(loaders: Any, epoch: int) -> None:
         sampler.set_epoch(epoch)
 
 
-def _samplers(loaders: Any) -> list[Any]:
-    """The samplers with a set_epoch among `loaders` (a loader, or a list, tuple or dict of
-    them), each once."""
+def _loaders(loaders: Any) -> list[Any]:
+    """`loaders` (a loader, or a list, tuple or dict of them) as a list."""
+    if loaders is None:
+        return []
     if isinstance(loaders, dict):
-        loaders = list(loaders.values())
-    elif not isinstance(loaders, (list, tuple)):
-        loaders = [loaders]
+        return list(loaders.values())
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+
+
+def _samplers(loaders: Any) -> list[Any]:
+    """The samplers with a set_epoch among `loaders`, each once."""
     found: dict[int, Any] = {}
-    for loader in loaders:
+    for loader in _loaders(loaders):
         batch_sampler = getattr(loader, "batch_sampler", None)
         for sampler in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
             if callable(getattr(sampler, "set_epoch", None)):

@@ -18,6 +18,10 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from slurmddp.preemption import api
+from slurmddp.training import loader as exact_data
+
+# Before any loader iterates, in the first run as in a resumed one: the seeding must match.
+exact_data.install()
 
 __all__ = ["StopProtocol", "train"]
 

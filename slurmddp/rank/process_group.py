@@ -27,7 +27,8 @@ def init(
 ) -> DistEnv:
     """Resolve this rank, export torchrun's variables, set the device and join the process group.
 
-    Also installs the stop-signal handlers of `slurmddp.should_stop`.
+    Also installs the stop-signal handlers of `slurmddp.should_stop` and the DataLoader seeding
+    of `slurmddp.training.loader`.
 
     `backend` is auto (nccl on GPU, gloo on CPU), nccl, gloo or mpi; by default the one the job
     was submitted with (``slurmddp submit --backend``, exported as $SLURMDDP_BACKEND), else auto.
@@ -45,6 +46,10 @@ def init(
                          f"{startup_timeout!r}")  # fmt: skip
     dist = bootstrap(master_host_format=master_host_format)
     preemption.install()
+    # Before any DataLoader iterates, in a fresh run as in a resumed one (the seeding must match).
+    from slurmddp.training import loader as exact_data
+
+    exact_data.install()
     if current_group() is not None:
         return dist
 

@@ -1,13 +1,17 @@
 """Capture and restore everything a training loop needs to resume bitwise: model, optimizer,
 scheduler, grad scaler, sampler position, counters and the random number generators.
 
-    state = train_state.capture(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
+    state = train_state.capture(model=model, optimizer=opt, scheduler=sched, loader=loader,
                                 step=step, epoch=epoch, position=consumed)
     ckpt.save(step, state)
     ...
     loaded = ckpt.load_latest()
     if loaded is not None:
         counters = train_state.restore(loaded.state, model=model, optimizer=opt, ...)
+
+A DataLoader given as `loader` resumes at its epoch and batch, with the same shuffling and the
+same random augmentation as the uninterrupted run (`slurmddp.training.loader`); a script that
+iterates one but gives none gets one line at its first save saying what will differ.
 
 What `capture` returns holds only tensors and plain values, so it passes `Checkpointer.save`'s
 check and loads under ``torch.load(weights_only=True)``.
@@ -27,12 +31,13 @@ reduces exactly as the uninterrupted one does, with no call the user can forget.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from slurmddp import dist
+from slurmddp import dist, protocol
 from slurmddp.errors import CheckpointError
 
 
@@ -43,6 +48,7 @@ def capture(
     scheduler: Any = None,
     scaler: Any = None,
     sampler: Any = None,
+    loader: Any = None,
     step: int = 0,
     epoch: int = 0,
     position: int = 0,
@@ -53,7 +59,8 @@ def capture(
 
     `position` is the number of samples (global, all ranks) consumed so far in this epoch; a
     ResumableDistributedSampler resumes from it. A DDP or DataParallel `model` is saved as the
-    module it wraps, so the keys match an unwrapped model.
+    module it wraps, so the keys match an unwrapped model. `loader`, a DataLoader, is saved at
+    its epoch and batch (`slurmddp.training.loader.state`).
     """
     state: dict[str, Any] = {"step": int(step), "epoch": int(epoch), "position": int(position)}
     if model is not None:
@@ -71,10 +78,52 @@ def capture(
             state["sampler"] = sampler.state_dict(position)
         else:
             state["sampler"] = sampler.state_dict()
+    if loader is not None:
+        from slurmddp.training import loader as loading
+
+        # Per rank, as the generators: a script may seed each rank's torch differently.
+        state["loader"] = per_rank(loading.state(loader))
+    _note_data_once(loader)
     if rng:
-        state["rng"] = _gather(capture_rng())
+        state["rng"] = per_rank(capture_rng())
     state["extra"] = dict(extra)
     return state
+
+
+_noted = False
+
+
+def _note_data_once(loader: Any) -> None:
+    """One line, at the first capture, for what will not resume exactly: a DataLoader iterated
+    but not given, or one whose resume cannot be bitwise (`loader.inexact`)."""
+    global _noted
+    if _noted or dist.rank() != 0:
+        return
+    _noted = True
+    from slurmddp.training import loader as loading
+
+    if loader is None:
+        from slurmddp.training.sampler import ResumableDistributedSampler
+
+        # A ResumableDistributedSampler resumes its loader itself (set_epoch(epoch, start=...)),
+        # and its epoch keys the loader's seeds.
+        used = [
+            d for d in loading.seen_loaders()
+            if not isinstance(loading.sampler_of(d), ResumableDistributedSampler)
+            and (loading.state(d)["epoch"], loading.state(d)["consumed"]) != (0, 0)
+        ]  # fmt: skip
+        if used:
+            d = used[0]
+            print(f"slurmddp: a DataLoader over {type(d.dataset).__name__} is in use but "
+                  "train_state.capture was given no loader=: the resumed run will start its "
+                  "epoch over and shuffle and augment differently; give it as loader= to "
+                  "capture and restore", file=sys.stderr, flush=True)  # fmt: skip
+        return
+    reasons = loading.inexact(loader) if loading.enabled() else [
+        f"{protocol.EXACT_DATA_VAR}=0 leaves the DataLoader's seeding to torch"]
+    if reasons:
+        print(f"slurmddp: the resumed run may not equal the uninterrupted one bit for bit: "
+              f"{'; '.join(reasons)}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def restore(
@@ -85,9 +134,12 @@ def restore(
     scheduler: Any = None,
     scaler: Any = None,
     sampler: Any = None,
+    loader: Any = None,
     rng: bool = True,
 ) -> dict:
     """Load each component given from `state`; returns ``{"step", "epoch", "position", **extra}``.
+
+    A `loader`'s next iterator is the saved epoch, its consumed batches skipped unfetched.
 
     Raises CheckpointError when a component is given but `state` has none for it, or one that
     does not fit it; the model's keys and shapes are compared before any of it is loaded.
@@ -120,14 +172,28 @@ def restore(
             _load("scaler", scaler, saved)
     if sampler is not None:
         _load("sampler", sampler, part("sampler"))
+    if loader is not None:
+        from slurmddp.training import loader as loading
+
+        try:
+            loading.load(loader, own(part("loader")))
+        except ValueError as e:
+            raise _misfit("loader", str(e)) from e
+    elif "loader" in state and dist.rank() == 0:
+        print("slurmddp: the checkpoint holds a DataLoader's position but train_state.restore "
+              "was given no loader=: its epoch starts over", file=sys.stderr, flush=True)
     if rng and "rng" in state:
-        saved = state["rng"]
-        if isinstance(saved, list):  # one per rank
-            rank = dist.rank()
-            saved = saved[rank] if rank < len(saved) else saved[0]
-        restore_rng(saved)
+        restore_rng(own(state["rng"]))
     counters = {k: state.get(k, 0) for k in ("step", "epoch", "position")}
     return counters | dict(state.get("extra", {}))
+
+
+def own(saved: Any) -> Any:
+    """This rank's part of a value captured per rank (rank 0's for a rank that was not there)."""
+    if isinstance(saved, list):
+        rank = dist.rank()
+        return saved[rank] if rank < len(saved) else saved[0]
+    return saved
 
 
 def _load(name: str, component: Any, saved: Any) -> None:
@@ -301,8 +367,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def _gather(local: dict) -> dict | list[dict]:
-    """Every rank's `local` (one all_gather of their serialized bytes), or `local` alone."""
+def per_rank(local: Any) -> Any:
+    """Every rank's `local` (a list, one all_gather of their serialized bytes; a collective), or
+    `local` alone without a process group; `own` takes this rank's back. `local` must not be a
+    list itself (one process's value would read as per rank)."""
     world = dist.group_size()
     if world == 1:
         return local
@@ -336,5 +404,5 @@ def _numpy() -> Any:
     return numpy
 
 
-__all__ = ["capture", "capture_rng", "prime_ddp", "prime_on_next_forward", "restore", "restore_rng",
-           "unwrap"]  # fmt: skip
+__all__ = ["capture", "capture_rng", "own", "per_rank", "prime_ddp", "prime_on_next_forward",
+           "restore", "restore_rng", "unwrap"]  # fmt: skip

@@ -4,9 +4,11 @@ preempted mid-training, resumes where it stopped and ends bitwise equal to an un
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import tagged_json
+from tests.conftest import launcher_free_env, tagged_json
 from tests.preemption.test_preemption_cluster import Job
 
 # How the cluster signals a preemption: our configuration (USR2 first, then TERM), and Slurm's
@@ -14,20 +16,49 @@ from tests.preemption.test_preemption_cluster import Job
 SIGNALLING = [("standard", "USR2"), ("default-signal", "TERM")]
 
 
-def args(script: str, out: Path, out_flag: str, steps: int, step_time: float) -> list[str]:
+def run_locally(script: str, out_flag: str, out: Path, steps: int, stop_at: int | None = None,
+                *more: str, **env: str) -> list[dict]:  # fmt: skip
+    """A framework's example in one local process; `stop_at`: an agreed stop comes at that call
+    of should_stop, and stays (the requeue only ends the process: nothing requeues it here).
+    Its RESULT lines (none when it stopped)."""
+    code = ("import runpy, sys\nfrom slurmddp.preemption import api\n"
+            f"calls = []\nstop_at = {stop_at!r}\n"
+            "api.should_stop = lambda *a, **k: calls.append(1) or len(calls) >= (stop_at or 1e9)\n"
+            "def requeue(): raise SystemExit(0)\n"
+            "api.requeue = requeue\n"
+            f"sys.argv = [{script!r}, '--steps', '{steps}', {out_flag!r}, {str(out)!r}, "
+            f"*{list(more)!r}]\n"
+            f"runpy.run_path({script!r}, run_name='__main__')\n")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**launcher_free_env(), "OMP_NUM_THREADS": "1", **env})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return tagged_json(r.stdout, "RESULT ")
+
+
+def stopped_then_resumed(script: str, out_flag: str, out: Path, steps: int, stop_at: int,
+                         *more: str, **env: str) -> list[dict]:  # fmt: skip
+    """The example stopped at `stop_at` (saving its checkpoint), then run again to its end."""
+    assert run_locally(script, out_flag, out, steps, stop_at, *more, **env) == []
+    return run_locally(script, out_flag, out, steps, None, *more, **env)
+
+
+def args(script: str, out: Path, out_flag: str, steps: int, step_time: float,
+         more: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
     return ["--nodes", "2", "--ntasks-per-node", "1", "--env", "OMP_NUM_THREADS=1", script,
-            "--steps", str(steps), out_flag, str(out), "--step-time", str(step_time)]
+            "--steps", str(steps), out_flag, str(out), "--step-time", str(step_time), *more]
 
 
 def preempted_once(cluster, tmp_path: Path, script: str, out_flag: str, steps: int = 120,
                    submit: tuple[str, ...] = (), signal: str = "USR2",
-                   preempt_at: int = 30) -> Job:
+                   preempt_at: int = 30, more: tuple[str, ...] = ()) -> Job:
     """Run `script` uninterrupted and preempted once, once it logged step `preempt_at`
-    (`submit`: more options, `signal`: what the batch log says stopped it); check the second
-    against the first, parameters bit for bit, and return it (its output: tmp_path / "out")."""
+    (`submit`: more options, `more`: the script's, `signal`: what the batch log says stopped
+    it); check the second against the first, parameters bit for bit, and return it (its output:
+    tmp_path / "out")."""
     reference = Job(cluster, tmp_path, [*submit, *args(script, tmp_path / "ref", out_flag, steps,
-                                                       0)])  # fmt: skip
-    job = Job(cluster, tmp_path, [*submit, *args(script, tmp_path / "out", out_flag, steps, 0.1)])
+                                                       0, more)])  # fmt: skip
+    job = Job(cluster, tmp_path, [*submit, *args(script, tmp_path / "out", out_flag, steps, 0.1,
+                                                 more)])  # fmt: skip
     end = reference.wait_end()
     assert end["JobState"] == "COMPLETED", reference.batch_log
     job.wait_for_log(rf"step {preempt_at} ")

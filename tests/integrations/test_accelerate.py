@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import SIGNALLING, preempted_once
+from tests.integrations.preempted import SIGNALLING, preempted_once, run_locally
 
 pytest.importorskip("accelerate")
 
@@ -45,12 +45,24 @@ def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
     assert tagged_json(r.stdout, "RESULT ") == reference
 
 
+def test_random_augmentation_in_workers_resumes_bitwise(tmp_path):
+    # Issue 28: the example's dropout, noise on every sample in 2 worker processes; stopped in
+    # the second epoch (64 steps an epoch) through Preemptible.save, as a stop would.
+    more = ("--augment", "--workers", "2")
+    reference = run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "ref", 100, None, *more)
+    assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, 90, *more) == []
+    assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, None, *more) == reference
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(("variant", "signal"), SIGNALLING)
 def test_a_preempted_accelerate_loop_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path,
                                                                         variant, signal):
+    # Under Slurm's default signalling, also as users train: random augmentation in workers.
+    more = ("--augment", "--workers", "2") if variant == "default-signal" else ()
     with slurm_cluster.variant(variant):
-        preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir", signal=signal)
+        preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir", signal=signal,
+                       more=more)
     out = tmp_path / "out"
     saved = [p.name for p in out.iterdir()]
     assert len(saved) == 1 and saved[0].startswith("step-"), saved

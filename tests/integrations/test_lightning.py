@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import preempted_once
+from tests.conftest import ROOT
+from tests.integrations.preempted import preempted_once, run_locally
 
 pytest.importorskip("lightning")
 pytest.importorskip("torchdata")
 
 SCRIPT = str(ROOT / "examples" / "lightning_train.py")
-ENV = {**launcher_free_env(), "OMP_NUM_THREADS": "1"}
 
 
 def run(ckpt, steps: int, stop_at: int | None = None, *more: str) -> list[dict]:
-    """The example under slurmddp.run; `stop_at`: an agreed stop comes at that call, and stays
-    (the requeue only ends the process, as outside Slurm nothing requeues)."""
-    code = ("import runpy, sys\nfrom slurmddp.preemption import api\n"
-            f"calls = []\nstop_at = {stop_at!r}\n"
-            "api.should_stop = lambda *a, **k: calls.append(1) or len(calls) >= (stop_at or 1e9)\n"
-            "def requeue(): raise SystemExit(0)\n"
-            "api.requeue = requeue\n"
-            f"sys.argv = [{SCRIPT!r}, '--steps', '{steps}', '--checkpoint-dir', {str(ckpt)!r}, "
-            f"*{list(more)!r}]\n"
-            f"runpy.run_path({SCRIPT!r}, run_name='__main__')\n")  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
-    assert r.returncode == 0, r.stderr
-    return tagged_json(r.stdout, "RESULT ")
+    return run_locally(SCRIPT, "--checkpoint-dir", ckpt, steps, stop_at, *more)
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +44,25 @@ def test_a_datamodules_loader_resumes_in_its_epoch_too(tmp_path, reference):
     assert run(tmp_path, 100, None, "--datamodule") == reference
 
 
+# Issue 28: Dropout(0.2), noise added to every sample in 2 worker processes, torch's own
+# DataLoader (which Lightning alone would start its epoch again with) and torchdata's.
+TRAINING_AS_USERS_WRITE_IT = ("--dropout", "0.2", "--augment", "--workers", "2")
+
+
+@pytest.mark.parametrize(("loader", "stop_at"), [(("--plain",), 25), ((), 90)],
+                         ids=["plain-dataloader", "stateful-dataloader"])  # fmt: skip
+def test_dropout_and_augmentation_in_workers_resume_bitwise(tmp_path, loader, stop_at):
+    more = (*TRAINING_AS_USERS_WRITE_IT, *loader)
+    reference = run(tmp_path / "reference", 100, None, *more)
+    assert run(tmp_path / "ckpt", 100, stop_at, *more) == []
+    assert run(tmp_path / "ckpt", 100, None, *more) == reference
+
+
 # Lightning picks its SLURMEnvironment under srun. USR1 is also its auto-requeue signal; with
 # Slurm's default signalling the stop is TERM, on which Lightning would end fit by itself.
+# The first, also as users train (issue 28): dropout, augmentation in workers, a plain loader.
 CASES = {
-    "usr2": ("standard", (), "USR2"),
+    "usr2-dropout-augmenting-workers": ("standard", (), "USR2"),
     "usr1-with-lightnings-auto-requeue": ("standard", ("--signal", "USR1"), "USR1"),
     "term-default-signalling": ("default-signal", (), "TERM"),
 }
@@ -77,8 +76,9 @@ def test_a_preempted_lightning_fit_resumes_and_ends_bitwise_identical(slurm_clus
     with slurm_cluster.variant(variant):
         # At 2 ranks an epoch is 32 steps: preempted at step 40, the run resumes mid-way through
         # the second epoch, where the samplers' epoch matters.
+        more = (*TRAINING_AS_USERS_WRITE_IT, "--plain") if case.startswith("usr2") else ()
         job = preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir", submit=submit,
-                             signal=stop, preempt_at=40)  # fmt: skip
+                             signal=stop, preempt_at=40, more=more)  # fmt: skip
     saved = [p.name for p in (tmp_path / "out").iterdir()]
     assert len(saved) == 1 and saved[0].startswith("step-"), saved
     said = "which Lightning's SLURM auto-requeue also takes: slurmddp's stop protocol handles it"

@@ -239,14 +239,20 @@ README_LOOP = str(PROGRAMS / "readme_loop.py")
 
 def run_readme_loop(checkpoints, *args: str, world: int = 4) -> list[dict]:
     """The README's loop at `world` ranks (gloo, local processes under the runner)."""
+    return run_ranks(README_LOOP, checkpoints, *args, world=world)
+
+
+def run_ranks(program: str, checkpoints, *args: str, world: int, **env: str) -> list[dict]:
+    """`program --checkpoint-dir checkpoints ARGS` at `world` local ranks under the runner; the
+    RESULT lines of those that ended (none of those that stopped and checkpointed)."""
     port = str(free_port())
     procs = [
-        subprocess.Popen([sys.executable, "-m", "slurmddp.run", README_LOOP, "--checkpoint-dir",
+        subprocess.Popen([sys.executable, "-m", "slurmddp.run", program, "--checkpoint-dir",
                           str(checkpoints), *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                                               OMP_NUM_THREADS="1"))
+                                               OMP_NUM_THREADS="1", **env))
         for r in range(world)
     ]  # fmt: skip
     results = []

@@ -1,0 +1,107 @@
+"""Data loading under slurmddp's seeding (`slurmddp.training.loader`) against torch's own: batches
+per second of a DataLoader with 2 forked workers over an ImageNet-like dataset with random
+augmentation (a 224-pixel crop of a 256-pixel image, a flip, noise), and the time a resumed
+epoch takes to its first batch, its consumed batches skipped in the sampler against fetched and
+dropped (what a loop that skips by iterating does). Each contender runs in a process of its own
+(``SLURMDDP_EXACT_DATA=0`` is torch's seeding).
+
+    python -m benchmarks.data_loading [--batches 100] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.table import Row, alternate, report
+
+SKIPPED = 40  # batches consumed before the resume
+
+
+def _child(mode: str, batches: int) -> None:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from slurmddp.training import loader as exact
+
+    exact.install()
+
+    class Images(Dataset):
+        def __len__(self) -> int:
+            return 100_000
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            image = torch.full((3, 256, 256), float(i % 255))
+            top, left = torch.randint(0, 33, (2,)).tolist()
+            crop = image[:, top : top + 224, left : left + 224]
+            if torch.rand(()) < 0.5:
+                crop = crop.flip(-1)
+            return crop + 0.05 * torch.randn_like(crop)
+
+    torch.manual_seed(0)
+    loader = DataLoader(Images(), batch_size=32, shuffle=True, num_workers=2,
+                        multiprocessing_context="fork")  # fmt: skip
+    if mode == "throughput":
+        it = iter(loader)
+        next(it)  # workers started
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        print(json.dumps({"value": batches / (time.perf_counter() - start)}))
+        return
+    start = time.perf_counter()
+    if mode == "resume-skip":
+        exact.load(loader, {"seed": 0, "epoch": 0, "consumed": SKIPPED})
+        next(iter(loader))
+    else:  # resume by iterating: the consumed batches fetched and dropped
+        it = iter(loader)
+        for _ in range(SKIPPED + 1):
+            next(it)
+    print(json.dumps({"value": time.perf_counter() - start}))
+
+
+def _measure(mode: str, batches: int, exact_data: bool) -> float:
+    env = dict(os.environ, SLURMDDP_EXACT_DATA="1" if exact_data else "0", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.data_loading", "--child", mode,
+                           "--batches", str(batches)], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"data_loading {mode} failed: {done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["value"])
+
+
+def run(batches: int = 100, repeats: int = 3) -> list[Row]:
+    throughput = alternate({"ours": lambda: _measure("throughput", batches, True),
+                            "torch": lambda: _measure("throughput", batches, False)}, repeats)
+    resume = alternate({"ours": lambda: _measure("resume-skip", batches, True),
+                        "iterating": lambda: _measure("resume-iterate", batches, True)}, repeats)
+    return [
+        Row("data", "batches/s, 2 fork workers, 32 x 3x224x224 crops with flip and noise",
+            throughput["ours"], throughput["torch"], "batches/s", "torch's own seeding",
+            ">= 0.97"),
+        Row("data", f"to the first batch of an epoch resumed after {SKIPPED} batches",
+            resume["ours"], resume["iterating"], "s", "the consumed batches fetched and dropped",
+            "< 1, no consumed sample fetched"),
+    ]  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.data_loading")
+    p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    opts = p.parse_args()
+    if opts.child:
+        _child(opts.child, opts.batches)
+        return
+    report(run(opts.batches, opts.repeats), opts.json)
+
+
+if __name__ == "__main__":
+    main()
