@@ -9,6 +9,10 @@ fails here, saying which, before a job does.
 - torch: a DataLoader worker is recognised by its target, ``torch.utils.data._utils.worker.
   _worker_loop`` (slurmddp.preemption.signals shields it from Slurm's TERM); torch.compile's
   wrapper holds the module as ``_orig_mod`` (slurmddp.training.train_state.unwrap).
+- torch: the DataLoader's inside, which slurmddp.training.loader wraps: the iterator reads the
+  loader's ``_index_sampler`` property and draws its base seed from ``loader.generator`` as it is
+  made, counts ``_num_yielded``, and hands each index the sampler gives to
+  ``_MapDatasetFetcher.fetch`` (whose ``auto_collation``, ``dataset`` and ``collate_fn`` it uses).
 """
 
 from __future__ import annotations
@@ -217,3 +221,27 @@ def test_torch_compile_keeps_the_module_as_orig_mod():
         "slurmddp.training.train_state.unwrap"
     )
     assert unwrap(compiled) is model
+
+
+# --- torch's DataLoader, as slurmddp.training.loader wraps it ---------------------------------
+
+
+def test_the_dataloader_inside_is_what_exact_loading_wraps():
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import worker
+
+    from slurmddp.training import loader as exact
+
+    exact.install()
+    made = inspect.getsource(dataloader._BaseDataLoaderIter.__init__)
+    for needed in ("loader._index_sampler", "random_(generator=loader.generator)",
+                   "self._num_yielded = 0"):  # fmt: skip
+        assert needed in made, f"torch's DataLoader iterator no longer has {needed!r}"
+    counting = inspect.getsource(exact._original["next"])  # installed above: torch's own
+    assert "self._num_yielded += 1" in counting
+    assert isinstance(exact._original["index_sampler"], property)
+    fetching = inspect.getsource(exact._original["fetch"])
+    assert parameters(exact._original["fetch"]) == ["self", "possibly_batched_index"]
+    for needed in ("self.auto_collation", "self.dataset", "self.collate_fn"):
+        assert needed in fetching, f"torch's _MapDatasetFetcher.fetch no longer uses {needed}"
+    assert "fetcher.fetch(index)" in inspect.getsource(worker._worker_loop)
