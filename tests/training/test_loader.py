@@ -246,13 +246,13 @@ def preempted_twice(checkpoints, stops: str, *args: str, world: int = 2, **env: 
 @pytest.mark.parametrize(
     ("world", "sampler", "loading"),
     [(2, "resumable", []),
-     (2, "distributed", ["--workers", "2", "--start-method", "fork", "--persistent",
+     (2, "distributed", ["--workers", "2", "--start-method", "forkserver", "--persistent",
                          "--prefetch", "4"]),
      (2, "random", ["--workers", "2", "--start-method", "spawn", "--persistent"]),
-     (2, "distributed", ["--workers", "2", "--start-method", "forkserver", "--persistent"]),
+     (2, "distributed", ["--workers", "2", "--start-method", "fork"]),
      (4, "resumable", ["--workers", "2", "--start-method", "fork"])],
-    ids=["resumable-in-process", "distributed-fork-persistent-prefetch4", "random-spawn-persistent",
-         "distributed-forkserver-persistent", "4-ranks-resumable-fork"],
+    ids=["resumable-in-process", "distributed-forkserver-persistent-prefetch4",
+         "random-spawn-persistent", "distributed-fork", "4-ranks-resumable-fork"],
 )  # fmt: skip
 def test_the_readme_loop_with_dropout_and_augmentation_resumes_bitwise(tmp_path, world, sampler,
                                                                         loading):  # fmt: skip
