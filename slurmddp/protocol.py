@@ -16,6 +16,9 @@ from typing import Final
 BACKEND_VAR: Final = "SLURMDDP_BACKEND"  # init()'s default backend (submit --backend)
 STARTUP_TIMEOUT_VAR: Final = "SLURMDDP_STARTUP_TIMEOUT"  # seconds a rank waits for the others
 MASTER_HOST_FORMAT_VAR: Final = "SLURMDDP_MASTER_HOST_FORMAT"  # rank 0's address, e.g. {host}-ib0
+# 1 in the one process that serves the rendezvous store at MASTER_ADDR, 0 in the others: rank 0,
+# unless a topology plugin laid the tasks out (then the first task on MASTER_ADDR's host).
+STORE_SERVER_VAR: Final = "SLURMDDP_STORE_SERVER"
 # LOW-HIGH: the ports a job's derived MASTER_PORT (and torchrun rendezvous port) are taken from,
 # for a centre whose firewall opens a range of its own (slurmddp.rank.env.port_range).
 PORT_RANGE_VAR: Final = "SLURMDDP_PORT_RANGE"

@@ -39,13 +39,14 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
 
 
 # Which Slurm the cluster tests run on: scripts/slurm-cluster reads the same variable (22.05 on
-# this host, 24.11 in a Debian trixie root whose commands come first on PATH).
+# this host, 24.11 and 26.05 in Debian roots whose commands come first on PATH).
 SLURM_VERSION = os.environ.get("SLURMDDP_SLURM", "22.05")
-if SLURM_VERSION == "24.11":
-    # The two clusters share this host (scripts/test runs a pass on each at once), so two of
-    # their jobs whose derived master ports meet would meet on one port of one loopback; on
-    # 24.11 the jobs take theirs from a range of their own, as its daemons do (PORT_OFFSET).
-    os.environ.setdefault(PORT_RANGE_VAR, "30000-32767")
+# The clusters share this host (scripts/test runs a pass on each at once), so two of their jobs
+# whose derived master ports meet would meet on one port of one loopback; on 24.11 and 26.05 the
+# jobs take theirs from ranges of their own, as their daemons do (PORT_OFFSET).
+_PORT_RANGES = {"24.11": "30000-32767", "26.05": "5000-11999"}
+if SLURM_VERSION in _PORT_RANGES:
+    os.environ.setdefault(PORT_RANGE_VAR, _PORT_RANGES[SLURM_VERSION])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,9 @@
 |------------------------|----------------------------------------|--------------------------------|
 | rank raises, exits 3,  | rank 2 of 2x2 ranks, at step 20        | all stop, FAILED within 30 s;  |
 | or is KILLed           |                                        | rank, node, error in the log   |
+| a rank crashes between | rank 1 of a checkpointing training     | FAILED naming rank 1: no stop  |
+| steps, under Slurm's   | raises; srun sends the others SIGTERM  | agreed, no checkpoint, no      |
+| default signalling     | while they work outside a collective   | requeue                        |
 | a rank never starts    | rank 3 sleeps before init (slurmddp.   | the others fail after 15 s:    |
 |                        | init, or torch's), start-up timeout 15 | 3 of 4 joined, the timeout     |
 | MASTER_PORT taken      | a socket holds it on the first node    | fails at once, names the port  |
@@ -41,6 +44,7 @@ from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json,
 pytestmark = pytest.mark.cluster
 
 PROGRAM = str(ROOT / "tests" / "programs" / "failing_rank.py")
+CRASH_ONCE = str(ROOT / "tests" / "programs" / "crash_once.py")
 TRAIN = str(ROOT / "examples" / "resumable_train.py")
 CLUSTER_DIR = Path(os.environ.get("SLURMDDP_CLUSTER_DIR", "/tmp/slurmddp-cluster"))
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -128,6 +132,33 @@ def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, fai
     assert RANK_FAILURES[case][1].format(host=failing["host"]) in batch, batch
     if case == "raise":  # the rank's own log: the line, then the traceback
         assert "slurmddp: rank 2 (host" in ranks[2] and "Traceback" in ranks[2], ranks[2]
+
+
+@pytest.mark.every_slurm
+def test_a_crash_under_slurms_default_signalling_is_a_failure_not_an_agreed_stop(
+    slurm_cluster, tmp_path
+):
+    # srun --kill-on-bad-exit sends the surviving ranks SIGTERM, then SIGKILL after KillWait (seen
+    # on 22.05, 24.11 and 26.05 alike; 26.05's changelog says the same of a task's PMI abort), and
+    # under Slurm's default signalling a TERM is how preemption announces itself: the survivors,
+    # in the 2 s of work of their step (outside any collective) when rank 1 raises in its own,
+    # must not agree on a stop, save, or get the job requeued.
+    with slurm_cluster.variant("default-signal"):
+        job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "2",
+                     "--env", "CRASH_RANK=1", "--env", "CRASH_AT=3", "--env", "CRASH_IN=sleep",
+                     "--env", "REPORT_TERM=1",
+                     "--env", "OMP_NUM_THREADS=1", CRASH_ONCE, "--steps", "20", "--step-time",
+                     "2", "--save-every", "1000", "--checkpoint-dir", str(tmp_path / "ckpt"))
+        end = finished(slurm_cluster, job["job_id"])
+    batch, ranks = logs(job)
+    fields = job_fields(slurm_cluster, job["job_id"])
+    assert (end["State"], fields.get("Restarts")) == ("FAILED", "0"), (end, fields, batch)
+    assert "rank 1 (host" in batch and "RuntimeError: worker 1 crashes in sleep 3" in batch, batch
+    assert "stopped" not in batch and "requeued" not in batch, batch
+    assert not list((tmp_path / "ckpt").glob("step-*")), "a survivor saved a checkpoint"
+    termed = sorted(r for r, text in ranks.items() if f"rank {r} got SIGTERM" in text)
+    print(f"Slurm {slurm_cluster.version}: SIGTERM reached ranks {termed}")
+    assert termed, ranks  # the case this test is for happened
 
 
 # -- a rank never reaches the rendezvous ---------------------------------------------------------

@@ -59,6 +59,9 @@ MANAGED_SBATCH_OPTIONS = {
     "--signal": "signal",
 }  # fmt: skip
 
+# --gres naming GPUs (gpu, gpu:a100:4, shard:2,gpu:1): Slurm 25.05 and later refuse it beside
+# --gpus-per-node.
+_GPU_GRES = re.compile(r"--gres=(?:.*,)?gpu(?:[:,]|$)")
 _INTEGER = re.compile(r"[0-9]+")
 _ENDPOINT = re.compile(r"[A-Za-z0-9_.-]+:[0-9]{1,5}")
 _NODES = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -274,6 +277,12 @@ def _check_launch(spec: JobSpec) -> None:
         _check_env(key, value)
     for arg in spec.sbatch_args:
         _check_sbatch_arg(arg)
+        if spec.gpus_per_node and _GPU_GRES.match(arg):
+            raise SpecError(
+                f"sbatch argument {arg!r} asks for GPUs beside gpus_per_node="
+                f"{spec.gpus_per_node}, which Slurm 25.05 and later refuse: give the GPUs once, "
+                "as gpus_per_node"
+            )
     for arg in spec.srun_args:
         _check_no_nul("srun argument", arg)
     if spec.mpi is not None:

@@ -308,8 +308,23 @@ def partition_fields(lines: Sequence[str]) -> dict[str, str]:
 
 
 def job_fields(text: str) -> dict[str, str]:
-    """The fields of ``scontrol show job -o`` (the first word of each value)."""
-    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
+    """The fields of ``scontrol show job -o`` (the first word of each value).
+
+    Values may be free text with ``Key=`` inside: JobName, Comment, Command, WorkDir and, from
+    Slurm 25.11, SubmitLine (the whole sbatch command line). JobName is read up to UserId=, which
+    follows it in every version, and the other free-text fields come after every field read
+    here, so the first value of a key is Slurm's own.
+    """
+    named = _JOB_NAME.match(text)
+    if named:
+        text = text[: named.start(1)] + text[named.end(1) :]
+    fields: dict[str, str] = {}
+    for key, value in re.findall(r"(?:^|\s)(\w+)=(\S*)", text):
+        fields.setdefault(key, value)
+    return fields
+
+
+_JOB_NAME = re.compile(r"\s*JobId=\S*\s+JobName=(.*?)\s+UserId=", re.DOTALL)
 
 
 def requeue_target(environ: Mapping[str, str]) -> str:

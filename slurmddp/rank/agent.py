@@ -22,9 +22,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slurmddp.errors import EnvError
 from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
 from slurmddp.rank.env import derive_port, port_range
+from slurmddp.rank.variables import Vars
 
 
 def children(pid: int, proc: str = "/proc") -> list[int]:
@@ -54,9 +56,13 @@ def _relay(signum: int, frame: object) -> None:
 def with_rdzv_port(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """`argv` with a port added to a ``--rdzv-endpoint`` that has none (inside a Slurm job)."""
     args = list(argv)
-    job, step = environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_STEP_ID", "0")
+    job = environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
         return args
+    try:
+        step = Vars(environ).step_id()
+    except EnvError:  # not a number: the port of step 0, as for none
+        step = None
     for i, arg in enumerate(args):
         if arg == "--":
             break
@@ -68,8 +74,7 @@ def with_rdzv_port(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]
             else:
                 continue
             if value and ":" not in value.rsplit("]", 1)[-1]:
-                port = derive_port(int(job), int(step) if step.isdigit() else 0,
-                                   port_range(environ))  # fmt: skip
+                port = derive_port(int(job), step[0] if step else 0, port_range(environ))
                 args[index] = f"{prefix}{value}:{port}"
             return args
     return args

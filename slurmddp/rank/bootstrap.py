@@ -13,7 +13,7 @@ import sys
 from collections.abc import MutableMapping
 
 from slurmddp.protocol import MASTER_HOST_FORMAT_VAR as MASTER_HOST_FORMAT_VAR
-from slurmddp.protocol import RUN_ID_VAR
+from slurmddp.protocol import RUN_ID_VAR, STORE_SERVER_VAR
 from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
 from slurmddp.rank.identity import run_id
 from slurmddp.rank.placement import THREADS_VAR, cpu_threads
@@ -24,8 +24,9 @@ _current: DistEnv | None = None
 def bootstrap(
     environ: MutableMapping[str, str] | None = None, *, master_host_format: str | None = None
 ) -> DistEnv:
-    """Resolve this process's `DistEnv` (first call only) and export torchrun's variables, and
-    $SLURMDDP_RUN_ID when there is a run id (`slurmddp.rank.identity.run_id`).
+    """Resolve this process's `DistEnv` (first call only) and export torchrun's variables,
+    $SLURMDDP_STORE_SERVER, and $SLURMDDP_RUN_ID when there is a run id
+    (`slurmddp.rank.identity.run_id`).
 
     `master_host_format` (default: $SLURMDDP_MASTER_HOST_FORMAT, else ``{host}``) maps rank 0's
     host name to the address other ranks dial. Raises `EnvError` on contradictions.
@@ -51,6 +52,7 @@ def bootstrap(
                 env["MASTER_PORT"] = str(port)
             dist = resolve(env, master_host_format=fmt, mpi_nodes=told, hostfile_head=head)
     env.update(dist.torchrun_env())
+    env[STORE_SERVER_VAR] = "1" if dist.serves_store else "0"
     if (run := run_id(env)) is not None:
         env[RUN_ID_VAR] = run  # sanitised, and the same for the script's own children
     _set_threads(env, dist)

@@ -88,6 +88,7 @@ class DistEnv:
     num_nodes: int
     master_addr: str
     master_port: int
+    serves_store: bool  # this process serves the rendezvous store at MASTER_ADDR (rank 0's, mostly)
     job_id: str | None
     restart_count: int
     launcher: Launcher
@@ -171,6 +172,9 @@ def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
     restart = v.integer("SLURM_RESTART_COUNT") or (0, "default")
     addr, addr_src = _master_addr(v, layout, master_host_format)
     port, port_src = _master_port(v, job, port_range(environ))
+    # A MASTER_ADDR given is rank 0's host, as torch's env:// takes it.
+    serves = (layout.serves_store if addr_src != "MASTER_ADDR" else None) or (
+        layout.rank[0] == 0, "rule: rank 0 serves the rendezvous")
 
     sources = {
         "rank": layout.rank[1],
@@ -181,6 +185,7 @@ def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
         "num_nodes": layout.num_nodes[1],
         "master_addr": addr_src,
         "master_port": port_src,
+        "serves_store": serves[1],
         "job_id": job[1] if job else "unset",
         "restart_count": restart[1],
         "launcher": _LAUNCHER_RULES[layout.launcher],
@@ -194,6 +199,7 @@ def resolve(environ: Mapping[str, str], *, master_host_format: str = "{host}",
         num_nodes=layout.num_nodes[0],
         master_addr=addr,
         master_port=port,
+        serves_store=serves[0],
         job_id=job[0] if job else None,
         restart_count=restart[0],
         launcher=layout.launcher,
@@ -427,7 +433,7 @@ def _master_port(v: Vars, job: tuple[str, str] | None, ports: range) -> tuple[in
             "set MASTER_PORT"
         )
     job_id = int(job[0])
-    step = v.integer("SLURM_STEP_ID", "SLURM_STEPID")
+    step = v.step_id()
     step_id = step[0] if step else 0
     rule = f"rule: derived from {job[1]} and step id"
     if ports != DEFAULT_PORTS:

@@ -48,6 +48,7 @@ def layout(v: Vars, hostfile_head: str | None = None) -> Layout | None:
         raise EnvError(f"{node_rank[1]}={node_rank[0]} is not below {num_nodes[1]}={num_nodes[0]}")
 
     nodes = None
+    serves = None
     place = node_rank
     nodelist = v.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     if nodelist is not None:
@@ -66,10 +67,31 @@ def layout(v: Vars, hostfile_head: str | None = None) -> Layout | None:
         if nodelist[1] == "SLURM_STEP_NODELIST" and me is not None and me[0] in hosts:
             place = (hosts.index(me[0]), me[1])
         nodes = _rank_0_first(v, hosts, nodelist[1], hostfile_head)
+        if nodes is not None and _topology_ordered(v):
+            first = nodes[0][0]
+            nodes = nodes[0], f"{nodes[1]}, where its first task serves the rendezvous{_TOPOLOGY}"
+            serves = (me is not None and me[0] == first and local_rank[0] == 0,
+                      f"rule: the first task on {first}, the first host{_TOPOLOGY}")  # fmt: skip
     local_size = _local_size(v, place, num_nodes, size)
     unplaced = _HOSTFILE_UNREAD if nodelist is not None and nodes is None else None
     return Layout("slurm", rank, size, local_rank, local_size, node_rank, num_nodes, nodes,
-                   unplaced)  # fmt: skip
+                   unplaced, serves)  # fmt: skip
+
+
+_TOPOLOGY = (" (a topology plugin lays tasks out in topology order, from Slurm 25.11: rank 0 may "
+             "run on another node)")  # fmt: skip
+
+
+def _topology_ordered(v: Vars) -> bool:
+    """Whether a topology plugin may have laid the step's tasks out in topology order, not in
+    node-list order, so that rank 0 need not be on the first host (Slurm 25.11 and later):
+    SLURM_TOPOLOGY_ADDR_PATTERN names levels above the node (``switch.switch.node``,
+    ``block.node``), unless a host file placed the tasks (``--distribution=arbitrary``)."""
+    pattern = v.first("SLURM_TOPOLOGY_ADDR_PATTERN")
+    distribution = v.first("SLURM_DISTRIBUTION")
+    if distribution is not None and distribution[0].startswith("arbitrary"):
+        return False
+    return pattern is not None and "." in pattern[0]
 
 
 _HOSTFILE_UNREAD = (

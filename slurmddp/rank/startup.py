@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
 from slurmddp.errors import StartupError, UserError, warn
 from slurmddp.protocol import STARTUP_TIMEOUT_VAR as TIMEOUT_VARIABLE
+from slurmddp.protocol import STORE_SERVER_VAR
 from slurmddp.rank import coordination
 from slurmddp.watchdog import progress as watchdog
 
@@ -86,20 +87,22 @@ def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
 
 
 def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str,
-         gpu: str | None = None) -> None:  # fmt: skip
+         gpu: str | None = None, serving: bool | None = None) -> None:  # fmt: skip
     """Wait until all `world_size` ranks have joined through `store`, or raise `StartupError`.
 
     One counter and one "all here" key: each rank waits on a single key whatever the world size.
     With `gpu` (a GPU's UUID, unique across nodes) every rank claims its GPU first; if two claim
     the same one, all of them raise the same `StartupError` once everyone has arrived, before
-    NCCL refuses it with "Duplicate GPU detected" (or hangs).
+    NCCL refuses it with "Duplicate GPU detected" (or hangs). `serving`: this process serves
+    the store (`serves_store`; None: rank 0 does).
     """
     global _generation
+    serving = rank == 0 if serving is None else serving
     _generation += 1
     prefix = f"slurmddp/startup/{_generation}/"
     limit = datetime.timedelta(seconds=timeout_s)
     try:
-        _check_owner(store, rank, limit, where)
+        _check_owner(store, serving, limit, where)
         store.set(f"{prefix}{rank}", host_name())  # only read to name the missing ranks
         if gpu is not None:
             _claim(store, prefix, rank, gpu)
@@ -114,19 +117,21 @@ def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str,
             raise
         try:
             joined = store.add(f"{prefix}count", 0)
-            # Only rank 0 (in its own process) names the missing: N checks from every rank would
-            # be N² requests to the store exactly when start-up is failing.
+            # Only the store's server (in its own process) names the missing: N checks from every
+            # rank would be N² requests to the store exactly when start-up is failing.
             missing = (
                 [r for r in range(world_size) if not store.check([f"{prefix}{r}"])]
-                if rank == 0
+                if serving
                 else None
             )
         except RuntimeError:
             raise StartupError(
-                f"rank 0's rendezvous at {where} went away while rank {rank} waited for the "
-                "others: rank 0 has failed (see its log)"
+                f"the rendezvous at {where} went away while rank {rank} waited for the others: "
+                "the rank that served it (rank 0, or the first on that host) has failed (see its "
+                "log)"
             ) from e
-    who = f"missing: rank {_ranks(missing)}" if missing is not None else "rank 0's log names them"
+    who = (f"missing: rank {_ranks(missing)}" if missing is not None
+           else f"the log of the rank serving {where} names them")  # fmt: skip
     raise StartupError(
         f"only {joined} of {world_size} ranks joined the rendezvous at {where} within "
         f"{timeout_s:g} s ({TIMEOUT_VARIABLE}); {who}. A rank is stuck before it starts the "
@@ -155,14 +160,14 @@ def _owner() -> str:
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
 
 
-def _check_owner(store: Any, rank: int, limit: datetime.timedelta, where: str) -> None:
-    """Rank 0 marks the store with its job; the others refuse the store of another job.
+def _check_owner(store: Any, serving: bool, limit: datetime.timedelta, where: str) -> None:
+    """The store's server marks it with its job; the others refuse the store of another job.
 
-    Two jobs on one node whose derived ports collide: the second job's rank 0 cannot listen
+    Two jobs on one node whose derived ports collide: the second job's server cannot listen
     (`open_store` says so), but its other ranks would reach the first job's store and join it.
     """
     key = "slurmddp/owner"
-    if rank == 0:
+    if serving:
         store.set(key, _owner())
         return
     store.wait([key], limit)
@@ -176,31 +181,34 @@ def _check_owner(store: Any, rank: int, limit: datetime.timedelta, where: str) -
 
 
 def open_store(addr: str, port: int, rank: int, world_size: int, timeout_s: float,
-               use_libuv: bool) -> Any:  # fmt: skip
-    """torch's TCPStore as its ``env://`` handler opens it (rank 0 serves), errors explained.
+               use_libuv: bool, serving: bool | None = None) -> Any:  # fmt: skip
+    """torch's TCPStore as its ``env://`` handler opens it, errors explained. `serving`: this
+    process serves it (None: rank 0 does, as in torch's handler).
 
-    Rank 0 does not wait for the others here (`join` does, naming who is missing).
+    The server does not wait for the others here (`join` does, naming who is missing).
     """
     from torch.distributed import TCPStore
 
+    serving = rank == 0 if serving is None else serving
     try:
-        return TCPStore(addr, port, world_size, rank == 0, datetime.timedelta(seconds=timeout_s),
+        return TCPStore(addr, port, world_size, serving, datetime.timedelta(seconds=timeout_s),
                         wait_for_workers=False, multi_tenant=True,
                         use_libuv=use_libuv)  # fmt: skip
     except RuntimeError as e:
         text = str(e)
-        if rank == 0 and ("EADDRINUSE" in text or "address already in use" in text.lower()):
+        if serving and ("EADDRINUSE" in text or "address already in use" in text.lower()):
             raise StartupError(
-                f"rank 0 cannot open the rendezvous: port {port} (MASTER_PORT) on "
+                f"rank {rank} cannot open the rendezvous: port {port} (MASTER_PORT) on "
                 f"{host_name()} is already in use by another process. Give the job a free port "
                 "below 32768 (slurmddp submit --env MASTER_PORT=N), or see what holds it: "
                 f"ss -ltnp 'sport = :{port}'"
             ) from e
-        if rank != 0 and "timed out" in text:
+        if not serving and "timed out" in text:
             raise StartupError(
                 f"rank {rank} found no rendezvous at {addr}:{port} within {timeout_s:g} s "
-                f"({TIMEOUT_VARIABLE}): rank 0 is stuck before it starts the process group (see "
-                f"its log), or {addr} cannot be reached from {host_name()}"
+                f"({TIMEOUT_VARIABLE}): the rank that serves it (rank 0, or the first on {addr}) "
+                f"is stuck before it starts the process group (see its log), or {addr} cannot be "
+                f"reached from {host_name()}"
             ) from e
         raise
 
@@ -227,12 +235,14 @@ def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any
         # torch's own: its errors for a missing variable; torchrun's agent hosting the store.
         store, rank, world_size = torch_env(url, timeout)
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-
+        serving = rank == 0  # of the ranks, the one that marks and watches the store
     else:
         libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
-        store = open_store(addr, port, rank, world_size, limit, libuv)
+        served = os.environ.get(STORE_SERVER_VAR)
+        serving = rank == 0 if served not in ("0", "1") else served == "1"
+        store = open_store(addr, port, rank, world_size, limit, libuv, serving)
         where = f"{addr}:{port}"
-    join(store, rank, world_size, limit, where, gpu=_gpu)
+    join(store, rank, world_size, limit, where, gpu=_gpu, serving=serving)
     store.set_timeout(timeout)
     coordination.record(store, rank, world_size)
     watchdog.arm(rank, world_size)

@@ -50,6 +50,13 @@ class Vars:
             raise EnvError(f"{name}={raw!r} must be at least {minimum}")
         return value, name
 
+    def step_id(self) -> tuple[int, str] | None:
+        """(id, name) of the step, from SLURM_STEP_ID or the older SLURM_STEPID, unsigned: Slurm
+        26.05 prints its special steps as negative numbers (the interactive step as -6), earlier
+        versions as 32-bit unsigned ones (4294967290)."""
+        found = self.integer("SLURM_STEP_ID", "SLURM_STEPID", minimum=-(2**31))
+        return None if found is None else (found[0] % 2**32, found[1])
+
     def pair(self, rank: str, size: str) -> tuple[tuple[int, str], tuple[int, str]] | None:
         """Rank and size, both or neither: half a pair is an error, never a guess."""
         if rank not in self._env and size not in self._env:
@@ -76,3 +83,6 @@ class Layout:
     num_nodes: tuple[int, str]
     nodes: tuple[list[str], str] | None = None  # the hosts of this step, first one is rank 0's
     unplaced: str | None = None  # why rank 0's host is unknown, when `nodes` is None
+    # Whether this task serves the rendezvous store, where that is not rank 0 (the first host of
+    # `nodes` need not be rank 0's when a topology plugin laid the tasks out); None: rank 0 does.
+    serves_store: tuple[bool, str] | None = None

@@ -175,6 +175,10 @@ BAD_SPECS = [
     ({"sbatch_args": ("-N2",)}, "'-N2' sets -N"),
     ({"sbatch_args": ("--output=/tmp/x.log",)}, "'--output=/tmp/x.log'"),
     ({"sbatch_args": ("--signal=B:USR1@60",)}, "'--signal=B:USR1@60'"),
+    ({"sbatch_args": ("--gres=gpu:4",), "gpus_per_node": 4, "ntasks_per_node": 4},
+     "'--gres=gpu:4' asks for GPUs beside gpus_per_node=4"),
+    ({"sbatch_args": ("--gres=shard:2,gpu:a100:1",), "gpus_per_node": 1, "ntasks_per_node": 1},
+     "'--gres=shard:2,gpu:a100:1' asks for GPUs"),
     ({"srun_args": ("--x=\0",)}, "srun argument"),
     ({"max_requeues": -1}, "max_requeues=-1"),
     ({"signal": "SIGUSR2"}, "signal='SIGUSR2'"),
@@ -208,6 +212,10 @@ def test_the_good_spec_is_valid():
                                  rdzv_endpoint="etcd-1.hpc.example:2379"))
     validate(dataclasses.replace(GOOD, target=("-m", "pkg.train", "--x"), partition="a,b"))
     validate(dataclasses.replace(GOOD, sbatch_args=("--mail-type=END", "--comment=a # b 'c'")))
+    # GPUs by --gres alone, or other generic resources beside gpus_per_node, are Slurm's to judge.
+    validate(dataclasses.replace(GOOD, sbatch_args=("--gres=gpu:a100:4",)))
+    validate(dataclasses.replace(GOOD, gpus_per_node=2, ntasks_per_node=2,
+                                 sbatch_args=("--gres=gpumem:8G,nvme:1",)))
 
 
 @pytest.mark.parametrize(("changes", "names"), BAD_SPECS, ids=[n for _, n in BAD_SPECS])

@@ -149,6 +149,23 @@ def test_bad_input_queues_nothing(slurm_cluster, tmp_path):
     assert slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout == before
 
 
+@pytest.mark.every_slurm
+def test_gpus_by_gres_beside_gpus_per_node_are_refused_before_sbatch_would(slurm_cluster,
+                                                                          tmp_path):  # fmt: skip
+    # Slurm 25.05 and later refuse the pair in sbatch itself (seen here on 26.05: "fatal:
+    # --gpus-per-node and --gres=gpu are mutually exclusive"); slurmddp says so on every version.
+    before = slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout
+    r = slurmddp(slurm_cluster, "submit", "--gpus-per-node", "1", "--ntasks-per-node", "1",
+                 "--backend", "gloo", "--sbatch-arg=--gres=gpu:1", TRAIN, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "asks for GPUs beside gpus_per_node=1" in r.stderr
+    assert slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout == before
+    if slurm_cluster.version == "26.05":
+        direct = slurm_cluster.run(["sbatch", "--gres=gpu:1", "--gpus-per-node=1", "--wrap",
+                                    "true"])  # fmt: skip
+        assert direct.returncode != 0 and "mutually exclusive" in direct.stderr, direct.stderr
+
+
 def test_sbatch_refusal_is_one_line(slurm_cluster, tmp_path):
     r = slurmddp(slurm_cluster, "submit", "--partition", "nosuch", TRAIN, cwd=tmp_path)
     assert r.returncode == 1

@@ -226,6 +226,23 @@ def test_scontrol_show_job_fields():
     assert fields["PreemptTime"] == "None" and fields["Command"] == "/tmp/a"
 
 
+# Free text that looks like fields: in the job's name, its comment and (Slurm 25.11 on) the
+# sbatch command line, as `scontrol show job -o` prints them on 26.05 (their places in the line).
+DECOYS = "Requeue=0 Restarts=9 JobState=COMPLETED PreemptTime=2026-01-01T00:00:00"
+SHOW_JOB_2605 = (
+    f"JobId=41 JobName=x {DECOYS} UserId=root(0) GroupId=root(0) Priority=1 JobState=RUNNING "
+    "Reason=None Requeue=1 Restarts=1 RunTime=00:08:30 TimeLimit=00:10:00 PreemptTime=None "
+    f"Command=/tmp/job.sh SubmitLine=/usr/bin/sbatch --comment={DECOYS} /tmp/job.sh "
+    f"WorkDir=/tmp Comment=c {DECOYS} StdErr= StdIn=/dev/null StdOut=/tmp/41.log\n")
+
+
+def test_free_text_that_looks_like_fields_is_not_taken_for_them():
+    fields = job_fields(SHOW_JOB_2605)
+    assert (fields["Requeue"], fields["Restarts"], fields["JobState"], fields["PreemptTime"]) == (
+        "1", "1", "RUNNING", "None")
+    assert fields["UserId"] == "root(0)" and fields["SubmitLine"] == "/usr/bin/sbatch"
+
+
 def test_the_batch_shell_command_prints_its_action_and_messages():
     env = launcher_free_env(SLURM_JOB_ID="41", SLURM_RESTART_COUNT="1",
                             SLURMDDP_MAX_REQUEUES="5", SLURMDDP_SIGNAL_LEAD="120")  # fmt: skip

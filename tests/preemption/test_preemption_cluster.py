@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmddp.preemption import decision
 from tests.batch.test_submit_cluster import slurmddp, submitted
 from tests.conftest import ROOT, tagged_json, wait_until
 
@@ -29,7 +30,7 @@ URGENT = ["sbatch", "-p", "urgent", "--exclusive", "-N4", "-o", "/dev/null", "--
 def job_fields(cluster, job_id: str) -> dict[str, str]:
     """scontrol's view of the job (kept MinJobAge=60 s after the end), {} once forgotten."""
     r = cluster.run(["scontrol", "show", "job", "-o", job_id])
-    return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
+    return decision.job_fields(r.stdout) if r.returncode == 0 else {}
 
 
 def read(path: Path) -> str:
@@ -108,15 +109,22 @@ VARIANTS = {
 }  # fmt: skip
 
 
-# Our cluster's signalling and Slurm's default run on Slurm 24.11 too (scripts/test's second pass).
+# Free text that reads like the fields the batch shell decides on, in the job's name and comment
+# (and so, from Slurm 25.11, in the SubmitLine `scontrol show job` adds): they must not count.
+DECOYS = "Requeue=0 Restarts=9 JobState=COMPLETED"
+
+
+# Our cluster's signalling and Slurm's default run on Slurm 24.11 and 26.05 too (scripts/test).
 @pytest.mark.parametrize("variant", [
     pytest.param(v, marks=[pytest.mark.every_slurm] if v in ("standard", "default-signal") else [])
     for v in VARIANTS])  # fmt: skip
 def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path, variant,
                                                             reference_digest):  # fmt: skip
     with slurm_cluster.variant(variant):
-        job = Job(slurm_cluster, tmp_path, train_args(tmp_path / "ckpt", steps=300,
-                                                      step_time=0.03))  # fmt: skip
+        job = Job(slurm_cluster, tmp_path, ["--job-name", f"resumable {DECOYS}", "--sbatch-arg",
+                                            f"--comment=c {DECOYS}",
+                                            *train_args(tmp_path / "ckpt", steps=300,
+                                                        step_time=0.03)])  # fmt: skip
         job.wait_for_log(r"step 60 ")
         job.preempt()
         job.wait_for_log(r"resumed from \S+ at step \d+")

@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
          "MASTER_ADDR", "MASTER_PORT", "SLURMD_NODENAME", "SLURM_PROCID",
-         "OMPI_COMM_WORLD_RANK", "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_JOB_ID")  # fmt: skip
+         "OMPI_COMM_WORLD_RANK", "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_JOB_ID",
+         "SLURMDDP_STORE_SERVER")  # fmt: skip
 
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])

@@ -150,6 +150,48 @@ def test_arbitrary_distribution_puts_the_master_on_the_hosts_files_first_host(tm
     assert resolve(env | {"MASTER_ADDR": "n3"}).master_addr == "n3"  # said: no file needed
 
 
+def _topology_task(rank: int, node: str, local: int) -> dict[str, str]:
+    """A task of `srun -N4 -n8` under topology/tree on Slurm 26.05, switches [n3 n4] [n1 n2]:
+    ranks 0-1 on n3, 2-3 on n4, 4-5 on n1, 6-7 on n2; SLURM_NODEID is still the node list's."""
+    nodes = ["n1", "n2", "n3", "n4"]
+    return srun_env(0, [2, 2, 2, 2]) | {
+        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURMD_NODENAME": node,
+        "SLURM_NODEID": str(nodes.index(node)), "SLURM_STEP_NODELIST": "n[1-4]",
+        "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.node",
+        "SLURM_TOPOLOGY_ADDR": f"top.s{1 if node in ('n3', 'n4') else 2}.{node}"}  # fmt: skip
+
+
+TOPOLOGY_TASKS = [(0, "n3", 0), (1, "n3", 1), (2, "n4", 0), (4, "n1", 0), (5, "n1", 1),
+                  (7, "n2", 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rank", "node", "local"), TOPOLOGY_TASKS)
+def test_under_a_topology_plugin_the_first_task_of_the_first_host_serves_the_rendezvous(
+    rank, node, local
+):
+    # Rank 0 runs on n3, which no other task can know without asking slurmctld: the address all
+    # dial is the node list's first host, and the task there with local id 0 (rank 4) serves.
+    d = resolve(_topology_task(rank, node, local))
+    assert (d.rank, d.master_addr, d.serves_store) == (rank, "n1", (node, local) == ("n1", 0))
+    assert "topology order" in d.sources["serves_store"]
+    assert "topology order" in d.sources["master_addr"]
+    # A MASTER_ADDR given names rank 0's host, as torch's env:// takes it.
+    given = resolve(_topology_task(rank, node, local) | {"MASTER_ADDR": "n3"})
+    assert (given.master_addr, given.serves_store) == ("n3", rank == 0)
+
+
+def test_without_a_topology_rank_0_serves_the_rendezvous_as_always():
+    for rank in range(4):
+        d = resolve(srun_env(rank, [2, 2]) | {"SLURM_TOPOLOGY_ADDR_PATTERN": "node"})
+        assert d.serves_store == (rank == 0)
+        assert d.sources["serves_store"].startswith("rule: rank 0")
+    # A host file placed the tasks: its first host is rank 0's, topology or not.
+    arbitrary = srun_env(0, [2, 2]) | {"SLURM_DISTRIBUTION": "arbitrary",
+                                       "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.node"}  # fmt: skip
+    d = resolve(arbitrary, hostfile_head="n2")
+    assert (d.master_addr, d.serves_store) == ("n2", True)
+
+
 def test_step_nodelist_wins_over_the_batch_shells_nodelist():
     env = srun_env(0, [1, 1], nodes=["n3", "n4"])
     env["SLURM_JOB_NODELIST"] = env["SLURM_NODELIST"] = "n[1-4]"
@@ -194,6 +236,21 @@ def test_two_steps_of_one_job_get_different_ports():
     a = resolve(srun_env(0, [2], step=0)).master_port
     b = resolve(srun_env(0, [2], step=1)).master_port
     assert a != b
+
+
+def test_slurm_2605s_negative_special_step_ids_are_read_as_earlier_versions_unsigned_ones():
+    # The interactive step (LaunchParameters=use_interactive_step): 26.05 exports -6, 22.05 and
+    # 24.11 4294967290; it holds one task, so the shell's script is one process.
+    inside = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+              "SLURM_NODEID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NUM_NODES": "1",
+              "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "n1", "SLURMD_NODENAME": "n1"}
+    old = resolve(inside | {"SLURM_STEP_ID": "4294967290"})
+    new = resolve(inside | {"SLURM_STEP_ID": "-6"})
+    assert (new.rank, new.world_size, new.master_port) == (old.rank, old.world_size,
+                                                           old.master_port)  # fmt: skip
+    assert new.world_size == 1
+    with pytest.raises(EnvError, match="SLURM_STEP_ID='-6x' is not an integer"):
+        resolve(inside | {"SLURM_STEP_ID": "-6x"})
 
 
 def test_derived_ports_are_outside_the_ephemeral_range_and_differ_for_nearby_jobs():

@@ -20,7 +20,7 @@ FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCh
 
 # Malformed input that Slurm does not refuse, with what it prints instead, by version;
 # everything else in MALFORMED it refuses as we do.
-_REPAIRED_BY_BOTH = {
+_REPAIRED_BY_ALL = {
     "n1]": ["n1]"],
     "]n[1-2]": ["]n1", "]n2"],
     "n]": ["n]"],
@@ -31,12 +31,14 @@ _REPAIRED_BY_BOTH = {
     "n[1, 2]": ["n1", "n02"],
     "n1\nn2": ["n1", "n2"],  # one host, printed with its newline
 }
+# Brackets inside or after a range: 24.11 and 26.05 keep them in the names, 22.05 refuses them.
+_REPAIRED_SINCE_24 = {**_REPAIRED_BY_ALL, "n[1-2]]": ["n1]", "n2]"], "n[[1]]": ["n[1]"],
+                      "n[1[2]]": ["n[12]"]}  # fmt: skip
 SLURM_REPAIRS = {
-    # An unclosed bracket: 22.05 prints a mangled name, 24.11 refuses it.
-    "22.05": {**_REPAIRED_BY_BOTH, "n[1-": ["n]"], "n[1-2": ["n]"], "a[1]b[2": ["a[1]b]"]},
-    # Brackets inside or after a range: 24.11 keeps them in the names, 22.05 refuses them.
-    "24.11": {**_REPAIRED_BY_BOTH, "n[1-2]]": ["n1]", "n2]"], "n[[1]]": ["n[1]"],
-              "n[1[2]]": ["n[12]"]},
+    # An unclosed bracket: 22.05 prints a mangled name, 24.11 and 26.05 refuse it.
+    "22.05": {**_REPAIRED_BY_ALL, "n[1-": ["n]"], "n[1-2": ["n]"], "a[1]b[2": ["a[1]b]"]},
+    "24.11": _REPAIRED_SINCE_24,
+    "26.05": _REPAIRED_SINCE_24,
 }[SLURM_VERSION]
 
 
@@ -78,7 +80,7 @@ def test_malformed_is_refused_or_repaired_by_slurm(slurm_cluster, nodelist, reas
 
 
 def test_suffix_after_last_group(slurm_cluster):
-    # Slurm 22.05 refuses a suffix; 23.02.5 and later (24.11 here) expand it as we do.
+    # Slurm 22.05 refuses a suffix; 23.02.5 and later (24.11, 26.05 here) expand it as we do.
     slurm = hostnames(slurm_cluster, "node[1-2]-ib")
     assert slurm == (None if SLURM_VERSION == "22.05" else expand("node[1-2]-ib"))
 

@@ -85,6 +85,8 @@ def test_impossible_requests_say_what_to_do(kwargs, message):
         # AMD: Slurm's rsmi autodetection binds through ROCR_VISIBLE_DEVICES.
         ("rocm, per task", [(r, 1, {"ROCR_VISIBLE_DEVICES": str(r)}, 0) for r in range(4)]),
         ("rocm, node", [(r, 4, {"ROCR_VISIBLE_DEVICES": "0,1,2,3"}, r) for r in range(4)]),
+        # gres.conf Flags=env_uuid (Slurm 25.11): GPUs named by UUID, 2 tasks sharing a socket's.
+        ("env_uuid", [(r, 2, {"CUDA_VISIBLE_DEVICES": "GPU-8f2a,GPU-91c4"}, r) for r in range(2)]),
         # MIG: instances are named by UUID; each task bound to its own sees one device.
         ("mig", [(r, 1, {"CUDA_VISIBLE_DEVICES": f"MIG-5c3e-{r}"}, 0) for r in range(2)]),
         # One GPU shared by two tasks: both take it; the rendezvous refuses it under NCCL.
