@@ -78,13 +78,13 @@ def layout(v: Vars, hostfile_head: str | None = None) -> Layout | None:
                    unplaced, serves)  # fmt: skip
 
 
-_TOPOLOGY = (" (a topology plugin lays tasks out in topology order, from Slurm 25.11: rank 0 may "
-             "run on another node)")  # fmt: skip
+_TOPOLOGY = (" (a topology plugin may lay tasks out in topology order, as Slurm 26.05 does: rank 0 "
+             "may run on another node)")  # fmt: skip
 
 
 def _topology_ordered(v: Vars) -> bool:
     """Whether a topology plugin may have laid the step's tasks out in topology order, not in
-    node-list order, so that rank 0 need not be on the first host (Slurm 25.11 and later):
+    node-list order, so that rank 0 need not be on the first host (seen on 26.05, not on 24.11):
     SLURM_TOPOLOGY_ADDR_PATTERN names levels above the node (``switch.switch.node``,
     ``block.node``), unless a host file placed the tasks (``--distribution=arbitrary``)."""
     pattern = v.first("SLURM_TOPOLOGY_ADDR_PATTERN")

@@ -58,7 +58,7 @@ def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
 def test_under_a_topology_plugin_the_rendezvous_is_served_where_master_addr_points(
     slurm_cluster, python
 ):
-    # The topology variant puts n3 and n4 under the first leaf switch: from Slurm 25.11 srun lays
+    # The topology variant puts n3 and n4 under the first leaf switch: Slurm 26.05's srun lays
     # the tasks out in that order, rank 0 on n3. On one host every node name dials the same
     # loopback, so the check is what a real cluster would need: the one process that serves the
     # rendezvous runs on the host MASTER_ADDR names.
