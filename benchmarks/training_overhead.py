@@ -47,16 +47,18 @@ def _steps_per_second(command: list[str], **extra: str) -> float:
 
 def run(steps: int = 2000, repeats: int = 5) -> list[Row]:
     n = str(steps)
-    hang_dir = tempfile.mkdtemp(prefix="slurmddp-bench-hang-")
-    medians = alternate(
-        {
-            "ours": lambda: _steps_per_second(
-                [sys.executable, "-m", "slurmddp.run", PROGRAM, "--steps", n, "--check"],
-                SLURMDDP_HANG_DIR=hang_dir),
-            "plain": lambda: _steps_per_second([sys.executable, PROGRAM, "--steps", n]),
-        },
-        repeats,
-    )
+    # The watchdog monitors may still be leaving as the directory goes.
+    with tempfile.TemporaryDirectory(prefix="slurmddp-bench-hang-",
+                                     ignore_cleanup_errors=True) as hang_dir:
+        medians = alternate(
+            {
+                "ours": lambda: _steps_per_second(
+                    [sys.executable, "-m", "slurmddp.run", PROGRAM, "--steps", n, "--check"],
+                    SLURMDDP_HANG_DIR=hang_dir),
+                "plain": lambda: _steps_per_second([sys.executable, PROGRAM, "--steps", n]),
+            },
+            repeats,
+        )
     return [Row("training", "steps/s, should_stop() every step, hang watchdog on", medians["ours"],
                 medians["plain"], "steps/s", "env:// by hand, no check", ">= 0.98")]  # fmt: skip
 
