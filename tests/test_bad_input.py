@@ -217,8 +217,8 @@ CASES = [
     submit("nccl-without-gpus", "--backend", "nccl", "train.py", says=r"nccl.*needs GPUs"),
     submit("gres-gpu-beside-gpus-per-node", "--gpus-per-node", "2", "--ntasks-per-node", "2",
            "--sbatch-arg=--gres=gpu:2", "train.py",
-           says=r"'--gres=gpu:2' asks for GPUs beside gpus_per_node=2, which Slurm 25.05 and "
-                r"later refuse"),
+           says=r"'--gres=gpu:2' asks for GPUs beside gpus_per_node=2, which newer Slurm "
+                r"\(26.05\) refuses"),
     submit("mpi-with-torchrun", "--mpi", "pmix", "--launcher", "torchrun", "train.py",
            says=r"mpi='pmix' is srun's MPI plugin.*use it with launcher srun"),
     submit("mpi-bad-name", "--mpi", "PMIx!", "train.py", says=r"mpi='PMIx!' is not an MPI plugin"),

@@ -59,7 +59,7 @@ MANAGED_SBATCH_OPTIONS = {
     "--signal": "signal",
 }  # fmt: skip
 
-# --gres naming GPUs (gpu, gpu:a100:4, shard:2,gpu:1): Slurm 25.05 and later refuse it beside
+# --gres naming GPUs (gpu, gpu:a100:4, shard:2,gpu:1): newer Slurm (26.05 here) refuses it beside
 # --gpus-per-node.
 _GPU_GRES = re.compile(r"--gres=(?:.*,)?gpu(?:[:,]|$)")
 _INTEGER = re.compile(r"[0-9]+")
@@ -280,7 +280,7 @@ def _check_launch(spec: JobSpec) -> None:
         if spec.gpus_per_node and _GPU_GRES.match(arg):
             raise SpecError(
                 f"sbatch argument {arg!r} asks for GPUs beside gpus_per_node="
-                f"{spec.gpus_per_node}, which Slurm 25.05 and later refuse: give the GPUs once, "
+                f"{spec.gpus_per_node}, which newer Slurm (26.05) refuses: give the GPUs once, "
                 "as gpus_per_node"
             )
     for arg in spec.srun_args:

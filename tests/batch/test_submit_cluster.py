@@ -152,7 +152,7 @@ def test_bad_input_queues_nothing(slurm_cluster, tmp_path):
 @pytest.mark.every_slurm
 def test_gpus_by_gres_beside_gpus_per_node_are_refused_before_sbatch_would(slurm_cluster,
                                                                           tmp_path):  # fmt: skip
-    # Slurm 25.05 and later refuse the pair in sbatch itself (seen here on 26.05: "fatal:
+    # Newer Slurm refuses the pair in sbatch itself (seen here on 26.05: "fatal:
     # --gpus-per-node and --gres=gpu are mutually exclusive"); slurmddp says so on every version.
     before = slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout
     r = slurmddp(slurm_cluster, "submit", "--gpus-per-node", "1", "--ntasks-per-node", "1",
