@@ -41,12 +41,6 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
 # Which Slurm the cluster tests run on: scripts/slurm-cluster reads the same variable (22.05 on
 # this host, 24.11 and 26.05 in Debian roots whose commands come first on PATH).
 SLURM_VERSION = os.environ.get("SLURMDDP_SLURM", "22.05")
-# The clusters share this host (scripts/test runs a pass on each at once), so two of their jobs
-# whose derived master ports meet would meet on one port of one loopback; on 24.11 and 26.05 the
-# jobs take theirs from ranges of their own, as their daemons do (PORT_OFFSET).
-_PORT_RANGES = {"24.11": "30000-32767", "26.05": "5000-11999"}
-if SLURM_VERSION in _PORT_RANGES:
-    os.environ.setdefault(PORT_RANGE_VAR, _PORT_RANGES[SLURM_VERSION])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,18 +94,42 @@ def slurm_cluster() -> Cluster:
     up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=900)
     if up.returncode != 0:
         pytest.fail(f"the local Slurm cluster did not come up:\n{up.stdout}\n{up.stderr}")
-    return Cluster(*cluster_env())
+    conf, path, etcd, state_dir, ports = cluster_env()
+    # The clusters share this host with each other and with jobs outside them (scripts/test runs
+    # a pass on each at once), so a job whose derived port met another's, or a daemon's, would
+    # fail to listen: each cluster's jobs take theirs from a range of its own.
+    os.environ.setdefault(PORT_RANGE_VAR, ports)
+    return Cluster(conf, path, etcd, state_dir)
 
 
-def cluster_env() -> tuple[str, str, str, Path]:
-    """SLURM_CONF, PATH, the etcd endpoint and the state directory, from `scripts/slurm-cluster
-    env`."""
+def cluster_env() -> tuple[str, str, str, Path, str]:
+    """SLURM_CONF, PATH, the etcd endpoint, the state directory and the range of its jobs'
+    ports, from `scripts/slurm-cluster env`."""
     shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf '
-                            '"%s\\n%s\\n%s\\n%s" "$SLURM_CONF" "$SLURMDDP_TEST_ETCD" '
-                            '"$SLURMDDP_TEST_CLUSTER_DIR" "$PATH"'],
+                            '"%s\\n%s\\n%s\\n%s\\n%s" "$SLURM_CONF" "$SLURMDDP_TEST_ETCD" '
+                            f'"$SLURMDDP_TEST_CLUSTER_DIR" "${PORT_RANGE_VAR}" "$PATH"'],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
-    conf, etcd, state_dir, path = shown.split("\n", 3)
-    return conf, path, etcd, Path(state_dir)
+    conf, etcd, state_dir, ports, path = shown.split("\n", 4)
+    return conf, path, etcd, Path(state_dir), ports
+
+
+@pytest.fixture(scope="session")
+def container_image(slurm_cluster, tmp_path_factory) -> str:
+    """The path of an Apptainer image holding slurmddp's wheel (built from this checkout, as the
+    tests' own install is) and torch, built by `scripts/slurm-cluster image` (26.05's root has
+    Apptainer) and kept while the wheel is the same."""
+    if SLURM_VERSION != "26.05":
+        pytest.fail("the container tests need Apptainer, in Slurm 26.05's root: run them with "
+                    "SLURMDDP_SLURM=26.05")  # fmt: skip
+    dist = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(dist), str(ROOT)], check=True, capture_output=True)  # fmt: skip
+    (wheel,) = dist.glob("slurmddp-*.whl")
+    r = subprocess.run([str(CLUSTER_SCRIPT), "image", str(wheel), sys.executable],
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    if r.returncode != 0:
+        pytest.fail(f"the test image was not built:\n{r.stdout}\n{r.stderr}")
+    return r.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ check): the command line, the configuration files and `JobSpec` are all built fr
 reads configuration files and cluster profiles, with the source of every value; `profiles`
 lists them. `jobspec` is the frozen `JobSpec` with its checks (pure); `templating` renders the
 shipped Jinja templates, quoting everything that reaches a shell; `sbatch` turns a `JobSpec`
-into the batch script (the protocol's names come from `slurmddp.protocol`); `snapshot` copies
+into the batch script (the protocol's names come from `slurmddp.protocol`), with `container`'s
+words when the ranks run in an image (Apptainer, pyxis); `snapshot` copies
 the job's code into its output directory, so that every run runs what was submitted;
 `submission` hands it to submitit (Slurm, or ``--local``, whose srun and scontrol `emulation`
 stands in for);

@@ -45,8 +45,9 @@ Merge rules:
   ``source .venv/bin/activate`` (a module load would otherwise put its own python first on
   PATH). sbatch and srun take the last of a repeated option, so the command line's win.
 
-Relative paths (``template``, ``output``, and a ``python`` with a slash) are relative to the
-file that sets them, or to the current directory for the command line; ``~`` means ``$HOME``.
+Relative paths (``template``, ``output``, a ``python`` with a slash, a ``container`` image file)
+are relative to the file that sets them, or to the current directory for the command line; ``~``
+means ``$HOME``.
 `load_sources` is the only function here that touches the filesystem. Which keys exist, their
 types and checks come from the option table, `slurmddp.batch.options`; `slurmddp.batch.profiles`
 lists the profiles.
@@ -333,6 +334,8 @@ def _check_table(
             checked = _path(str(checked), base, home)
         elif key == "python" and ("/" in str(checked) or str(checked).startswith("~")):
             checked = str(_path(str(checked), base, home))  # a bare "python3" is looked up on PATH
+        elif key == "container" and "://" not in str(checked):
+            checked = str(_path(str(checked), base, home))  # an image file, not a registry's URI
         out[key] = checked
     return types.MappingProxyType(out)
 

@@ -17,8 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
-from slurmddp.batch import options
-from slurmddp.batch.options import BACKENDS, DEFAULTS, LAUNCHERS, SIGNALS
+from slurmddp.batch import container, options
+from slurmddp.batch.options import (
+    BACKENDS,
+    CONTAINER_RUNTIMES,
+    DEFAULTS,
+    GPU_VENDORS,
+    LAUNCHERS,
+    SIGNALS,
+)
 from slurmddp.errors import SpecError
 
 __all__ = [
@@ -121,6 +128,13 @@ class JobSpec:
     snapshot_max_mib: int = DEFAULTS["snapshot_max_mib"]
     snapshot_max_files: int = DEFAULTS["snapshot_max_files"]
     code_dir: str | None = None
+    container: str | None = None
+    container_runtime: str = DEFAULTS["container_runtime"]
+    container_binds: tuple[str, ...] = ()
+    container_args: tuple[str, ...] = ()
+    gpu_vendor: str = DEFAULTS["gpu_vendor"]
+    workdir: str | None = None  # the submit directory (bound into a container)
+    host_python: str = dataclasses.field(default_factory=lambda: sys.executable)
 
     @property
     def nodes(self) -> str:
@@ -231,12 +245,57 @@ def validate(spec: JobSpec) -> None:
     _check_no_nul("python", spec.python)
     if spec.rdzv_port is not None and not 1 <= spec.rdzv_port <= 65535:
         raise SpecError(f"rdzv_port={spec.rdzv_port} is not a TCP port: give 1 to 65535")
+    _check_container(spec)
     _check_count("snapshot_max_mib", spec.snapshot_max_mib)
     _check_count("snapshot_max_files", spec.snapshot_max_files)
     if spec.code_dir is not None:
         _check_no_nul("code_dir", spec.code_dir)
         if not os.path.isabs(spec.code_dir):
             raise SpecError(f"code_dir={spec.code_dir!r} is relative: give an absolute path")
+
+
+def _check_container(spec: JobSpec) -> None:
+    """The image the ranks run in, and what runs them there."""
+    _check_choice("container_runtime", spec.container_runtime, CONTAINER_RUNTIMES)
+    _check_choice("gpu_vendor", spec.gpu_vendor, GPU_VENDORS)
+    _check_no_nul("host_python", spec.host_python)
+    if spec.container is None:
+        if spec.container_binds or spec.container_args:
+            given = "container_binds" if spec.container_binds else "container_args"
+            raise SpecError(f"{given} given without a container: name the image (container)")
+        return
+    _check_line("container", spec.container)
+    if not spec.container.strip():
+        raise SpecError(
+            f"container={spec.container!r} names no image: give a SIF file or an image URI"
+        )
+    for name, path in (("output_dir", spec.output_dir), ("workdir", spec.workdir),
+                       *(("container_binds", b) for b in spec.container_binds)):  # fmt: skip
+        if path is None:
+            continue
+        _check_line(name, path)
+        # The runtimes split their bind lists at commas, and SRC:DST at the colon.
+        bad = "," if name == "container_binds" else ",:"
+        if any(c in path for c in bad):
+            raise SpecError(
+                f"{name}={path!r} cannot be bound into the container: the runtime splits its "
+                f"list of binds at {' and '.join(repr(c) for c in bad)}; choose a directory "
+                "without one"
+            )
+    for arg in spec.container_args:
+        _check_no_nul("container argument", arg)
+    if spec.container_runtime == "pyxis":
+        if spec.launcher == "mpirun":
+            raise SpecError(
+                "container_runtime='pyxis' starts the ranks through srun, but launcher is "
+                "'mpirun': use launcher srun or torchrun, or the runtime apptainer"
+            )
+        for arg in spec.srun_args:
+            if arg.startswith("--container-image"):
+                raise SpecError(
+                    f"srun argument {arg!r} names an image beside container={spec.container!r}: "
+                    "give the image once, as container"
+                )
 
 
 def _check_resources(spec: JobSpec) -> None:
@@ -474,7 +533,7 @@ def build_spec(
                 "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
                 "signal_lead", "hang_timeout", "preflight", "snapshot", "snapshot_max_mib",
                 "snapshot_max_files", "rdzv_backend", "rdzv_endpoint",
-                "spare_nodes")  # fmt: skip
+                "spare_nodes", "container_runtime", "gpu_vendor")  # fmt: skip
     spec = JobSpec(
         target=target,
         job_name=_default_job_name(target) if v["job_name"] is None else v["job_name"],
@@ -488,13 +547,30 @@ def build_spec(
         env=_env_pairs(v["env"] or ()),
         sbatch_args=tuple(v["sbatch_args"] or ()),
         srun_args=tuple(v["srun_args"] or ()),
-        python=sys.executable if v["python"] is None else str(v["python"]),
+        python=(
+            str(v["python"]) if v["python"] is not None
+            else container.DEFAULT_PYTHON if v["container"] is not None else sys.executable
+        ),
+        container=_image(v["container"], cwd),
+        container_binds=tuple(v["container_binds"] or ()),
+        container_args=tuple(v["container_args"] or ()),
+        workdir=os.path.abspath(cwd or os.getcwd()),
         requeue=requeue,
         rdzv_port=rdzv_port,
         **{name: v[name] for name in as_given},
     )
     validate(spec)
     return spec
+
+
+def _image(value: object, cwd: str | None) -> str | None:
+    """The image as the nodes find it: a path made absolute against `cwd`, a URI as given."""
+    if value is None:
+        return None
+    image = str(value)
+    if "://" in image or not image.strip():
+        return image
+    return os.path.normpath(os.path.join(cwd or os.getcwd(), image))
 
 
 def _default_job_name(target: tuple[str, ...]) -> str:

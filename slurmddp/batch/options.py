@@ -34,13 +34,15 @@ from slurmddp.protocol import (
 from slurmddp.rank.placement import BACKENDS
 
 __all__ = [
-    "BACKENDS", "DEFAULTS", "ENV_NAME", "LAUNCHERS", "OPTIONS", "SIGNALS", "Invalid", "Option",
-    "add_arguments", "by_key", "format_value", "nonempty", "signal_problem", "spec_defaults",
-    "spec_keywords", "toml_key",
+    "BACKENDS", "CONTAINER_RUNTIMES", "DEFAULTS", "ENV_NAME", "GPU_VENDORS", "LAUNCHERS", "OPTIONS",
+    "SIGNALS", "Invalid", "Option", "add_arguments", "by_key", "format_value", "nonempty",
+    "signal_problem", "spec_defaults", "spec_keywords", "toml_key",
 ]  # fmt: skip
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
 RDZV_BACKENDS = ("c10d", "etcd-v2")  # torchrun's, as slurmddp sets them up
+CONTAINER_RUNTIMES = ("apptainer", "singularity", "pyxis")  # slurmddp.batch.container
+GPU_VENDORS = ("nvidia", "amd")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Slurm keeps the --signal lead time in 16 bits.
 MAX_SIGNAL_LEAD = 0xFFFF
@@ -296,7 +298,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("launcher", "choice", "what starts the ranks (torchrun: one per node)",
            default="srun", choices=LAUNCHERS),
     Option("backend", "choice", "the process group's backend", default="auto", choices=BACKENDS),
-    Option("python", "text", "the interpreter on the nodes", default_help="this one"),
+    Option("python", "text", "the interpreter on the nodes", default_help="this one; python3 "
+           "in a container"),
+    Option("container", "text", "an image every rank runs in: a SIF file, or any image "
+           "`apptainer exec` takes; under pyxis an enroot image (a .sqsh file or docker://...)"),
+    Option("container_runtime", "choice", "what runs the ranks in the image: apptainer or "
+           "singularity (exec per rank), or pyxis (srun --container-image)",
+           default="apptainer", choices=CONTAINER_RUNTIMES),
+    Option("container_binds", "lines", "one more directory the container sees, as PATH or "
+           "SRC:DST (the output and submit directories are bound already); repeatable",
+           flag="--container-bind"),
+    Option("container_args", "lines", "one more option of apptainer exec, as --writable-tmpfs "
+           "(under pyxis: of srun, as --container-remap-root); repeatable",
+           flag="--container-arg"),
+    Option("gpu_vendor", "choice", "whose GPUs the nodes have: the container's --nv or --rocm",
+           default="nvidia", choices=GPU_VENDORS),
     Option("template", "path", "a Jinja sbatch template of your own", spec=False),
     Option("output", "path", "directory for job logs", default="slurmddp-jobs",
            param="output_dir"),

@@ -42,9 +42,8 @@ import dataclasses
 from pathlib import Path
 
 from slurmddp import protocol
-from slurmddp.batch import templating
+from slurmddp.batch import container, templating
 from slurmddp.batch.jobspec import JobSpec, validate
-from slurmddp.preemption import signals
 from slurmddp.rank.env import LAUNCHER_PREFIXES, LAUNCHER_VARIABLES
 
 DEFAULT_TEMPLATE = "sbatch.sh.j2"
@@ -99,7 +98,12 @@ def context(spec: JobSpec) -> dict[str, object]:
             (protocol.MAX_REQUEUES_VAR, spec.max_requeues if spec.requeue else 0),
             (protocol.HANG_TIMEOUT_VAR, spec.hang_timeout),
         ),
-        "rank_prefix": signals.ignoring(spec.signal),
+        "rank_prefix": container.rank_prefix(spec),
+        # srun's own options, then those that start each task in the image (pyxis).
+        "srun_args": (*spec.srun_args, *container.srun_args(spec)),
+        # The batch shell's Python (the requeue decision): on the host, also when the ranks run
+        # in an image.
+        "decision_python": spec.python if spec.container is None else spec.host_python,
         # The shipped template reads these from `p`; user templates written for them still work.
         "not_requeued_status": protocol.NOT_REQUEUED_STATUS,
         "srun_settle_s": protocol.SRUN_SETTLE_S,

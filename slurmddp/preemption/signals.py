@@ -84,6 +84,7 @@ class Receiver:
         self.stop: signal.Signals | None = None
         self._term_taken = False
         self._previous_term: Callable[[int, Any], Any] | None = None
+        self._term_before: Any = signal.SIG_DFL  # SIGTERM's handler before ours, for children
 
     # -- the stop signal ---------------------------------------------------------------------
 
@@ -124,8 +125,7 @@ class Receiver:
         if current == signal.SIG_IGN:
             return
         self._previous_term = current if callable(current) else None
-        signal.signal(signal.SIGTERM, self._on_term)
-        self._term_taken = True
+        self._take_term_handler()
 
     def take_back(self) -> None:
         """Take the stop signal and SIGTERM back from a framework that replaced the handlers
@@ -138,8 +138,24 @@ class Receiver:
         if signal.getsignal(signal.SIGTERM) != self._on_term:
             if not self._term_taken:
                 self._previous_term = None
-            signal.signal(signal.SIGTERM, self._on_term)
-            self._term_taken = True
+            self._take_term_handler()
+
+    def _take_term_handler(self) -> None:
+        if not self._term_taken:
+            before = signal.getsignal(signal.SIGTERM)
+            self._term_before = signal.SIG_DFL if before is None else before
+            os.register_at_fork(after_in_child=self._give_term_back)
+        signal.signal(signal.SIGTERM, self._on_term)
+        self._term_taken = True
+
+    def _give_term_back(self) -> None:
+        """In a child forked from here (a multiprocessing Pool's or Process's, the default start
+        method on Linux before Python 3.14), SIGTERM is handled as before we took it: the stop
+        protocol is the rank's, and Pool.terminate() and Process.terminate() must still end the
+        child, as they do without slurmddp."""
+        if self._term_taken and signal.getsignal(signal.SIGTERM) == self._on_term:
+            signal.signal(signal.SIGTERM, self._term_before)
+        self._term_taken = False
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.seen |= TERM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import time
@@ -13,6 +14,12 @@ from slurmddp.rank.bootstrap import bootstrap
 from slurmddp.rank.env import DistEnv, EnvError
 
 PROG = "slurmddp doctor"
+SHM = "/dev/shm"
+# NCCL's transport between the GPUs of a node keeps its buffers there, and fails ("unhandled
+# system error", "Error while creating shared memory segment") when it cannot grow them; so do
+# DataLoader workers passing batches ("bus error"). Docker's default is 64 MiB; NVIDIA's
+# containers ask for 1 GiB or more.
+SHM_ENOUGH = 1 << 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,10 +41,37 @@ def main(opts: argparse.Namespace) -> int:
         dist = bootstrap(master_host_format=opts.master_host_format)
     except EnvError as e:
         fail(f"cannot resolve this rank: {e}", prog=PROG)
+    problem = shm_problem(SHM, _space(SHM))
+    if problem is not None:
+        print(f"{PROG}: warning: {problem}", file=sys.stderr, flush=True)
     if not opts.check:
         print(format_env(dist, socket.gethostname()), flush=True)
         return 0
     return run_checks(dist, opts.backend, opts.timeout)
+
+
+def _space(path: str) -> tuple[int, int] | None:
+    """(size, available) of the file system at `path` in bytes; None if there is none."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def shm_problem(path: str, space: tuple[int, int] | None) -> str | None:
+    """What is wrong with the shared memory at `path` for NCCL and DataLoader workers, given its
+    (size, available) bytes or None when it is missing; None when it is enough."""
+    advice = ("NCCL between the GPUs of a node and DataLoader workers need 1 GiB or more: in a "
+              "container, give it a larger one (docker run --shm-size=8g; Apptainer and pyxis "
+              "use the node's)")  # fmt: skip
+    if space is None:
+        return f"{path} does not exist; {advice}"
+    size, free = space
+    if free >= SHM_ENOUGH:
+        return None
+    mib = 1 << 20
+    return f"{path} has {free // mib} MiB free of {size // mib} MiB; {advice}"
 
 
 def format_env(dist: DistEnv, host: str) -> str:

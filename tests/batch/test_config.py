@@ -392,6 +392,10 @@ def test_paths_are_relative_to_their_file_and_tilde_means_home(tmp_path, home):
         python = ".venv/bin/python"
         [profiles.bare]
         python = "python3"
+        [profiles.image]
+        container = "images/torch.sif"
+        [profiles.registry]
+        container = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
         """,
     )
     cwd = tmp_path / "proj" / "src"
@@ -401,6 +405,10 @@ def test_paths_are_relative_to_their_file_and_tilde_means_home(tmp_path, home):
     assert s["output"] == home / "logs"
     assert s["python"] == str(tmp_path / "proj" / ".venv" / "bin" / "python")
     assert resolve(cwd, home, profile="bare")["python"] == "python3"  # looked up on PATH
+    assert resolve(cwd, home, profile="image")["container"] == str(tmp_path / "proj" / "images" /
+                                                                   "torch.sif")  # fmt: skip
+    assert resolve(cwd, home, profile="registry")["container"] == (
+        "docker://nvcr.io/nvidia/pytorch:24.05-py3")
     assert resolve(cwd, home, cli={"output": "../out"})["output"] == tmp_path / "proj" / "out"
 
 

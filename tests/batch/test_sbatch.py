@@ -30,7 +30,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE_GOLDEN = os.environ.get("SLURMDDP_UPDATE_GOLDEN") == "1"
 PYTHON = "/opt/venv/bin/python"  # fixed, so the golden files do not depend on this machine
 
-BASE = JobSpec(target=("train.py",), job_name="train", output_dir="/scratch/runs", python=PYTHON)
+BASE = JobSpec(target=("train.py",), job_name="train", output_dir="/scratch/runs", python=PYTHON,
+               host_python=PYTHON, workdir="/home/alice/project")  # fmt: skip
 
 CASES = {
     "srun_cpu": dataclasses.replace(
@@ -79,6 +80,23 @@ CASES = {
     "srun_preflight": dataclasses.replace(
         BASE, nodes_min=2, nodes_max=2, ntasks_per_node=4, gpus_per_node=4, cpus_per_task=8,
         preflight=True, srun_args=("--mpi=pmix",),
+    ),
+    # The ranks in an image; the decision in the batch shell with the host's Python.
+    "apptainer_2x4gpu": dataclasses.replace(
+        BASE, nodes_min=2, nodes_max=2, ntasks_per_node=4, gpus_per_node=4, backend="nccl",
+        python="python3", container="/scratch/images/pytorch.sif", preflight=True,
+        container_binds=("/scratch/ckpt",), env=(("NCCL_DEBUG", "INFO"),),
+    ),
+    "singularity_amd_torchrun": dataclasses.replace(
+        BASE, nodes_min=2, nodes_max=2, ntasks_per_node=8, gpus_per_node=8, launcher="torchrun",
+        python="python3", container="/scratch/images/rocm.sif", container_runtime="singularity",
+        gpu_vendor="amd", container_args=("--writable-tmpfs",),
+    ),
+    "pyxis_torchrun": dataclasses.replace(
+        BASE, nodes_min=4, nodes_max=4, ntasks_per_node=8, gpus_per_node=8, launcher="torchrun",
+        python="python", container="/scratch/images/pytorch-24.05.sqsh",
+        container_runtime="pyxis", env=(("NCCL_DEBUG", "INFO"),),
+        container_binds=("/scratch/ckpt",),
     ),
 }  # fmt: skip
 
@@ -401,7 +419,11 @@ if [[ -e $CALLS.requeued ]]; then shown=${RESTARTS_AFTER_REQUEUE:-$shown}; fi
 case $1 in
     show) if [[ $2 == partition ]]; then echo "PartitionName=$3 TotalNodes=4"
           else echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=$shown $SHOW_JOB"; fi ;;
-    requeue) : >"$CALLS.requeued"; exit "${REQUEUE_STATUS:-0}" ;;
+    requeue) : >"$CALLS.requeued"
+             kill -TERM "$PPID"  # as Slurm's requeue does, to the batch shell and all it runs
+             exit "${REQUEUE_STATUS:-0}" ;;
+    update) ignored=$(awk '/^SigIgn/ {print $2}' "/proc/$PPID/status")
+            if ((0x$ignored & 0x4000)); then echo "TERM ignored by the shell" >>"$CALLS.term"; fi ;;
 esac
 """
 # The step: rank 0 leaving the requeue file (or not), then the step's status.
@@ -456,6 +478,9 @@ def test_a_failure_laid_on_a_node_requeues_the_job_without_it(tmp_path):
     assert r.returncode == 0, r.stderr
     # Slurm takes a new ExcNodeList only from a pending job: after the requeue.
     assert recorded == ["step", "scontrol requeue 7", "scontrol update JobId=7 ExcNodeList=n[2,4]"]
+    # The requeue's TERM reaches the shell and whatever it runs next; ignored by the shell itself,
+    # so that no command it starts has an instant in which TERM would still end it.
+    assert (tmp_path / "calls.term").read_text() == "TERM ignored by the shell\n"
     assert "because of node n2 (rank 5 on it failed: RuntimeError: CUDA error: uncorrectable" in (
         r.stderr)
     assert (out / "7" / "excluded").read_text() == (
@@ -552,6 +577,7 @@ def run_decision(tmp_path: Path, env: dict[str, str]):
     calls = tmp_path / "calls"
     calls.unlink(missing_ok=True)
     Path(f"{calls}.requeued").unlink(missing_ok=True)
+    Path(f"{calls}.term").unlink(missing_ok=True)
     out = tmp_path / "out"
     spec = dataclasses.replace(BASE, output_dir=str(out), python=str(bin_dir / "step"))
     script = tmp_path / "job.sh"

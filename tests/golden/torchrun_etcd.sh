@@ -130,8 +130,6 @@ else
 fi
 
 # ---- what happens to the job: decided by slurmddp.preemption.decision, carried out here -----
-# A requeue (Slurm's, or the one below) sends TERM to this shell's processes; these must finish.
-immune() { (trap '' TERM; exec "$@"); }
 facts=()
 if [[ -n $status ]]; then facts+=(--step-status "$status"); fi
 if [[ -n $preflight_status ]]; then facts+=(--preflight-status "$preflight_status"); fi
@@ -151,6 +149,10 @@ fi
 if [[ -e $SLURMDDP_DONE_FILE ]]; then facts+=(--done); fi
 if [[ ! -e $SLURMDDP_ASKED_FILE ]]; then facts+=(--protocol-unused); fi
 for sig in $received; do facts+=(--received "$sig"); done
+# The signals are in. A requeue (Slurm's, or the one below) sends TERM to this shell and what it
+# runs, which must finish: ignored from here on, and so by every command started from here (a
+# wrapper that ignored it for one command would take it, and die, in the instant before).
+trap '' TERM
 hung=0
 for verdict in "$SLURMDDP_HANG_DIR"/.state/*/verdict; do
     if [[ -f $verdict ]]; then hung=1; cat -- "$verdict" >&2; fi  # which ranks hung, and where
@@ -163,9 +165,9 @@ if ((hung)); then facts+=(--hung); fi
 # EXCLUDE LEFT_BEHIND out.
 decide() {
     {
-        immune scontrol show job -o "$SLURM_JOB_ID"
-        immune scontrol show partition -o "${SLURM_JOB_PARTITION:-}"
-    } 2>/dev/null | immune /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}" "$@"
+        scontrol show job -o "$SLURM_JOB_ID"
+        scontrol show partition -o "${SLURM_JOB_PARTITION:-}"
+    } 2>/dev/null | /opt/venv/bin/python -m slurmddp.preemption.decision "${facts[@]}" "$@"
 }
 read -r action code target exclude left_behind <<<"$(decide)"
 case $action in
@@ -179,13 +181,13 @@ case $action in
         scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1
         exit "$code" ;;
     requeue)
-        if ! immune scontrol requeue "$target"; then
+        if ! scontrol requeue "$target"; then
             # Its answer can be lost while the requeue went through: the decision looks again.
             read -r action code target exclude left_behind <<<"$(decide --requeue-failed)"
         elif [[ $exclude != - ]]; then
             # Slurm changes the nodes a job excludes only while it is pending: now, in the begin
             # time delay of a requeued job.
-            if immune scontrol update JobId="$target" ExcNodeList="$exclude"; then
+            if scontrol update JobId="$target" ExcNodeList="$exclude"; then
                 echo "$left_behind" >>"$SLURMDDP_EXCLUDED_FILE"
             else
                 echo "slurmddp: Slurm refused to exclude $exclude; the requeued job may land there again" >&2

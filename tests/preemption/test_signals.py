@@ -214,7 +214,7 @@ def test_without_the_shield_a_spawned_worker_dies_of_slurms_term(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
-def test_a_dataloader_still_ends_its_workers_and_a_pool_still_terminates(method):
+def test_a_dataloader_still_ends_its_workers_and_a_busy_pool_and_process_still_terminate(method):
     r = run_python(f"""
         import multiprocessing as mp, os, signal, time, torch, slurmddp
         from torch.utils.data import DataLoader
@@ -231,9 +231,16 @@ def test_a_dataloader_still_ends_its_workers_and_a_pool_still_terminates(method)
             print("workers ended:", [w.exitcode for w in workers])
             with ctx.Pool(2) as pool:  # __exit__ terminates the pool's workers
                 print(pool.map(abs, [-1, -2]))
-                time.sleep(0.5)  # the pool's workers are idle, waiting for tasks
+                pool.apply_async(time.sleep, (60,))
+                time.sleep(1)  # one worker is busy: only SIGTERM ends it
             print("pool ended")
-        """, timeout=120)  # fmt: skip
+            p = ctx.Process(target=time.sleep, args=(60,))
+            p.start()
+            time.sleep(1)
+            p.terminate()
+            p.join()
+            print("process ended:", p.exitcode)
+        """, timeout=40)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "workers ended: [0, 0]" in r.stdout
-    assert "[1, 2]\npool ended" in r.stdout
+    assert "[1, 2]\npool ended\nprocess ended: -15" in r.stdout

@@ -23,9 +23,11 @@ HANG = str(ROOT / "tests" / "programs" / "hang.py")
 TIMEOUT_S = 20
 
 
-def hang_job(cluster, tmp_path, mode: str, rank: int, *args: str, requeues: int = 0) -> Job:
+def hang_job(cluster, tmp_path, mode: str, rank: int, *args: str, requeues: int = 0,
+             submit_args: tuple[str, ...] = ()) -> Job:
+    """`args` go to the script; `submit_args` to slurmddp submit."""
     return Job(cluster, tmp_path, [
-        "--nodes", "2", "--ntasks-per-node", "2", "--env", "OMP_NUM_THREADS=1",
+        *submit_args, "--nodes", "2", "--ntasks-per-node", "2", "--env", "OMP_NUM_THREADS=1",
         "--hang-timeout", str(TIMEOUT_S), "--max-requeues", str(requeues), HANG, mode, "--rank",
         str(rank), "--at", "8", "--steps", "400", "--step-time", "0.1", "--checkpoints",
         str(tmp_path / "ckpt"), *args,

@@ -1,0 +1,93 @@
+"""Ranks in an Apptainer image on the real cluster (Slurm 26.05, whose root has Apptainer 1.4.5).
+
+The image (conftest's `container_image`) holds Debian bookworm's Python 3.11, torch and
+slurmddp's wheel, and an ``%environment`` that sets SLURM_PROCID, SLURM_NODEID,
+SLURMDDP_HANG_TIMEOUT=1 and SLURMDDP_SIGNAL=USR1, as an image may: had one of them won over the
+job's, ranks would take one another's place, the hang watchdog would end the job at once, or the
+ranks would wait for a stop signal that never comes. The batch shell and its decision stay on the
+host; the image has no Slurm.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import ROOT, tagged_json
+from tests.preemption.test_preemption_cluster import VARIANTS, Job, train_args
+from tests.watchdog.test_watchdog_cluster import hang_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.container]
+
+WHERE = str(ROOT / "tests" / "programs" / "where.py")
+IMAGE_SITE = "/usr/local/lib/python3.11/dist-packages/"  # where the image holds slurmddp
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_every_rank_runs_in_the_image_with_the_jobs_variables(slurm_cluster, tmp_path,
+                                                              container_image, launcher):
+    job = Job(slurm_cluster, tmp_path, [
+        "--nodes", "2", "--ntasks-per-node", "2", "--launcher", launcher, "--container",
+        container_image, "--env", "SDDP_VALUE=job", "--env", "OMP_NUM_THREADS=1",
+        *(["--preflight"] if launcher == "srun" else []), WHERE,
+    ])  # fmt: skip
+    end = job.wait_end(timeout=240)
+    assert end["JobState"] == "COMPLETED", job.batch_log
+    if launcher == "srun":
+        seen = [x for r in range(4) for x in tagged_json(job.log(r), "WHERE ")]
+        assert "slurmddp: preflight passed" in job.batch_log, job.batch_log
+    else:
+        logs = "".join(p.read_text() for p in (job.folder / job.id).glob("node-*.log"))
+        seen = tagged_json(logs, "WHERE ")
+    assert sorted(s["rank"] for s in seen) == [0, 1, 2, 3], seen
+    for s in seen:
+        assert s["all_reduce"] == 10.0
+        assert s["executable"] == "/usr/bin/python3"  # the image's Python, its slurmddp, its torch
+        assert s["slurmddp"].startswith(IMAGE_SITE) and s["torch"].startswith(IMAGE_SITE), s
+        env = s["env"]
+        assert env["SLURMDDP_IMAGE"] == "1" and env["SDDP_VALUE"] == "job", env
+        assert (env["SLURMDDP_HANG_TIMEOUT"], env["SLURMDDP_SIGNAL"]) == ("600", "USR2"), env
+        assert env["SLURMD_NODENAME"] in ("n1", "n2") and env["SLURM_NODEID"] in ("0", "1"), env
+        if launcher == "srun":  # a task per rank (torchrun: a task per node)
+            assert env["SLURM_PROCID"] == env["RANK"] == str(s["rank"]), env
+
+
+def test_preempted_twice_in_the_image_under_default_signalling_it_ends_bitwise_identical(
+        slurm_cluster, tmp_path, container_image, reference_digest):  # fmt: skip
+    with slurm_cluster.variant("default-signal"):
+        job = Job(slurm_cluster, tmp_path, ["--container", container_image,
+                                            *train_args(tmp_path / "ckpt", steps=300,
+                                                        step_time=0.03)])  # fmt: skip
+        job.wait_for_log(r"step 60 ")
+        job.preempt()
+        job.wait_for_log(r"resumed from \S+ at step \d+")
+        job.wait_for_log(r"step 1[2-9]0 |step 2\d0 ")
+        job.preempt()
+        end = job.wait_end()
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "2", job.batch_log
+    stops = [int(s) for s in re.findall(r"stopped at step (\d+)", job.log())]
+    resumes = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", job.log())]
+    assert len(stops) == 2 and resumes == stops, job.log()
+    results = job.results()
+    assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
+    # The same bits as the uninterrupted run of the host's Python and torch wheel.
+    assert {x["digest"] for x in results} == {reference_digest}
+    for restart in (0, 1):
+        assert re.search(VARIANTS["default-signal"].format(r=restart, n=restart + 1),
+                         job.batch_log), job.batch_log  # fmt: skip
+
+
+def test_the_hang_watchdog_names_a_stuck_rank_in_the_image(slurm_cluster, tmp_path,
+                                                           container_image):
+    job = hang_job(slurm_cluster, tmp_path, "stop", 2,
+                   submit_args=("--container", container_image))  # fmt: skip
+    end = job.wait_end(timeout=240)
+    batch = job.batch_log
+    assert (end["JobState"], end["ExitCode"]) == ("FAILED", "124:0"), batch
+    assert ("slurmddp: rank 2 on n2 stopped progressing: it did not answer: its process is "
+            "stopped, or holds the interpreter lock") in batch, batch
+    assert "slurmddp: ranks 0-1,3 merely wait for it" in batch, batch
+    hang = job.folder / job.id / "hang"
+    assert sorted(int(p.stem.split("-")[1]) for p in hang.glob("rank-*.txt")) == [0, 1, 3]
+    assert IMAGE_SITE + "slurmddp/" in (hang / "rank-0.txt").read_text()  # stacks in the image
