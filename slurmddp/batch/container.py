@@ -23,15 +23,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from slurmddp.batch.options import CONTAINER_RUNTIMES as RUNTIMES
-from slurmddp.batch.options import GPU_VENDORS
 from slurmddp.preemption import signals
 
 if TYPE_CHECKING:
     from slurmddp.batch.jobspec import JobSpec
 
-__all__ = ["DEFAULT_PYTHON", "FORWARDED_NAMES", "FORWARDED_PREFIXES", "GPU_VENDORS", "RUNTIMES",
-           "binds", "rank_prefix", "srun_args"]  # fmt: skip
+__all__ = ["DEFAULT_PYTHON", "FORWARDED_NAMES", "FORWARDED_PREFIXES", "binds", "rank_prefix",
+           "srun_args"]  # fmt: skip
 
 # The interpreter in the image when --python is not given: every Python image has python3.
 DEFAULT_PYTHON = "python3"
