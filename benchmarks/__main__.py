@@ -15,6 +15,7 @@ from benchmarks import (
     hostlist_speed,
     preemption_turnaround,
     rendezvous_scale,
+    snapshot,
     training_overhead,
 )
 from benchmarks.table import dump, render
@@ -30,6 +31,7 @@ BENCHMARKS = {
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
     "data": lambda o: data_loading.run(repeats=o.repeats),
     "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
+    "snapshot": lambda o: snapshot.run(o.repeats),
 }
 
 

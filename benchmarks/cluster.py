@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
+
+from slurmddp.checkpoint.snapshots import store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +69,10 @@ def lose_node(job: str, node: str, *, machine: bool = False,
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
             hit.append(pid)
+    # The node's memory goes with it: its snapshot store (the local nodes share one /dev/shm).
+    for environ in tasks.values():
+        if environ.get("SLURMD_NODENAME") == node:
+            shutil.rmtree(store.node_directory(environ), ignore_errors=True)
     return hit
 
 

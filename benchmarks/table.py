@@ -73,13 +73,22 @@ def report(rows: Sequence[Row], path: Path | None) -> None:
 
 
 def dump(rows: Sequence[Row], path: Path) -> None:
-    """Write the rows and the machine they were taken on as JSON."""
+    """Write the rows and the machine they were taken on as JSON. The rows of the benchmarks not
+    run this time stay, each with the time it was taken (`python -m benchmarks snapshot` adds its
+    rows to the others')."""
     machine = {"python": platform.python_version(), "machine": platform.machine(),
                "system": platform.platform(), "cpus": _cpus()}  # fmt: skip
+    taken = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    run = {r.benchmark for r in rows}
+    kept = []
+    if path.exists():
+        before = json.loads(path.read_text())
+        kept = [r | {"taken": r.get("taken", before.get("taken"))} for r in before.get("rows", [])
+                if r["benchmark"] not in run]  # fmt: skip
     payload = {
-        "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "taken": taken,
         "machine": machine,
-        "rows": [dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows],
+        "rows": kept + [dataclasses.asdict(r) | {"ratio": r.ratio, "taken": taken} for r in rows],
     }
     path.write_text(json.dumps(payload, indent=2) + "\n")
 

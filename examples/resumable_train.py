@@ -31,6 +31,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--save-every", type=int, default=100, help="also checkpoint every N steps")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="keep a snapshot every N steps in the nodes' memory (0: none)")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of extra work per step")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
@@ -60,7 +62,8 @@ def main() -> int:
                         num_workers=args.workers,
                         multiprocessing_context=args.worker_start if args.workers else None,
                         persistent_workers=args.workers > 0)  # fmt: skip
-    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2)
+    # With snapshots, a lost node or a killed worker costs the steps since the last one.
+    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2, snapshot_every=args.snapshot_every)
 
     step, epoch, position = 0, 0, 0
     loaded = ckpt.load_latest()
@@ -88,6 +91,7 @@ def main() -> int:
             step += 1
             position += len(inputs) * world
             time.sleep(args.step_time)
+            ckpt.snapshot(step, state)  # every snapshot_every steps; nothing without
             if rank == 0 and step % args.log_every == 0:
                 print(f"step {step} loss {loss.item():.5f}", flush=True)
             if step == args.steps:

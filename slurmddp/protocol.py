@@ -30,6 +30,10 @@ EXACT_DATA_VAR: Final = "SLURMDDP_EXACT_DATA"
 # The run's id for trackers, the same in every requeue (slurmddp.rank.identity): exported by
 # every rank's bootstrap; one the user set wins (to chain jobs into one run).
 RUN_ID_VAR: Final = "SLURMDDP_RUN_ID"
+# Where each node keeps the training snapshots of its ranks and the replicas it holds for
+# another node (slurmddp.checkpoint.snapshots): a directory in the node's memory or on its own
+# disk, never a shared file system. Default /dev/shm.
+SNAPSHOT_DIR_VAR: Final = "SLURMDDP_SNAPSHOT_DIR"
 
 # -- the stop protocol's settings, exported by the batch script (or the local emulation) -------
 

@@ -16,6 +16,7 @@ from benchmarks import (
     hostlist_speed,
     preemption_turnaround,
     rendezvous_scale,
+    snapshot,
     training_overhead,
 )
 from benchmarks.table import Row, dump, render
@@ -28,6 +29,19 @@ def check(rows: list[Row]) -> None:
 
 def test_cli_latency():
     check(cli_latency.run(repeats=1))
+
+
+def test_snapshot_cost():
+    check(snapshot.cost(1, steps=20, large=False))
+
+
+def test_a_benchmark_run_alone_keeps_the_others_rows(tmp_path):
+    path = tmp_path / "results.json"
+    dump([Row("a", "m", 1.0, 2.0, "s"), Row("b", "m", 3.0, None, "s")], path)
+    dump([Row("b", "m", 4.0, None, "s")], path)
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["benchmark"], r["ours"]) for r in rows] == [("a", 1.0), ("b", 4.0)]
+    assert all(r["taken"] for r in rows)
 
 
 def test_training_overhead():

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,22 @@ def test_below_the_minimum_the_job_is_requeued_and_resumes_from_its_checkpoint(
     assert re.search(r"resumed at step [1-9]0 ", logs), logs
 
 
+@contextlib.contextmanager
+def silent_machine(job: Job, node: str) -> Iterator[list[int]]:
+    """`node`'s machine gone silent for the block (`lose_node` with SIGSTOP: the pids stopped);
+    after it, those processes killed and the cluster's daemons up again."""
+    stopped = lose_node(job.id, node, machine=True, sig=signal.SIGSTOP)
+    try:
+        yield stopped
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+
+
 def test_a_machine_gone_silent_is_left_behind_in_place_without_a_spare(slurm_cluster, tmp_path):
     # The node's slurmd, the job's step daemon on it and its processes stop at once (SIGSTOP): a
     # crashed machine or a cut link, whose connections nobody resets, holding rank 0 (the
@@ -262,20 +279,12 @@ def test_a_machine_gone_silent_is_left_behind_in_place_without_a_spare(slurm_clu
     assert len(nodes) == 3, nodes
     # Not the first node (its agent holds the c10d rendezvous); rank 0's when it is elsewhere.
     lost = next((node for node in nodes[1:] if 0 in workers_on(job, node)), nodes[-1])
-    stopped = lose_node(job.id, lost, machine=True, sig=signal.SIGSTOP)
-    try:
+    with silent_machine(job, lost) as stopped:
         assert len(stopped) >= 5  # slurmd, slurmstepd, agent, workers
         silent = time.time()
         wait_logged(job, "resumed from ", 120)
         back = time.time() - silent
         end = job.wait_end(timeout=300)
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
     print(f"machine {lost} silent -> training resumed in place: {back:.1f} s")
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs

@@ -60,12 +60,19 @@ def test_wheel_runs_from_a_clean_venv_without_torch(wheel: Path, tmp_path: Path)
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     clean = launcher_free_env()
     clean.pop("PYTHONPATH", None)
+    # Every package importable from the install, found as the import system finds them but
+    # without importing them (walk_packages would, and a package that needs torch hides its
+    # subpackages here, where torch is not installed).
     found = subprocess.run(
-        [py, "-c", "import importlib.resources as r, json, pkgutil, slurmddp; "
-         "print(slurmddp.__file__); "
-         "print(json.dumps([p.name for p in r.files('slurmddp.templates').iterdir()])); "
-         "print(json.dumps(sorted(m.name for m in pkgutil.walk_packages(slurmddp.__path__, "
-         "'slurmddp.') if m.ispkg)))"],
+        [py, "-c", "import importlib.resources as r, json, os, pkgutil, slurmddp\n"
+         "def walk(path, prefix):\n"
+         "    for m in pkgutil.iter_modules([path], prefix):\n"
+         "        if m.ispkg:\n"
+         "            yield m.name\n"
+         "            yield from walk(os.path.join(path, m.name.rsplit('.', 1)[1]), m.name + '.')\n"
+         "print(slurmddp.__file__)\n"
+         "print(json.dumps([p.name for p in r.files('slurmddp.templates').iterdir()]))\n"
+         "print(json.dumps(sorted(walk(slurmddp.__path__[0], 'slurmddp.'))))"],
         cwd=tmp_path, env=clean, capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
     assert found[0].startswith(str(env_dir)), "imported the source tree, not the install"

@@ -28,6 +28,7 @@ PUBLIC = {
         "init", "mark_done", "requeue", "resolve", "run_id", "should_stop", "submit",
     ],
     "slurmddp.checkpoint": ["Checkpoint", "CheckpointError", "Checkpointer", "wait_for_saves"],
+    "slurmddp.checkpoint.snapshots": ["Snapshots", "close_all"],
     "slurmddp.integrations.accelerate": ["Preemptible"],
     "slurmddp.integrations.lightning": ["StopProtocol", "fit"],
     "slurmddp.integrations.transformers": ["StopProtocol", "train"],
@@ -42,8 +43,8 @@ PUBLIC = {
     "slurmddp.training.loader": ["enabled", "expect", "fingerprint", "inexact", "install", "load",
                                  "mix", "sampler_of", "state", "tracked"],
     "slurmddp.training.train_state": [
-        "capture", "capture_rng", "own", "per_rank", "prime_ddp", "prime_on_next_forward",
-        "restore", "restore_rng", "unwrap",
+        "capture", "capture_rng", "own", "own_rank_only", "per_rank", "prime_ddp",
+        "prime_on_next_forward", "restore", "restore_rng", "unwrap",
     ],
 }  # fmt: skip
 

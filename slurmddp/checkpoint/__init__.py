@@ -35,7 +35,9 @@ The package, by concern:
 - `state`: what a checkpoint may hold, the check before a save, the CPU snapshot, torch.load;
 - `writers`: the streaming torch.save writer and the fsync overlapping the checksum (`crc32`);
 - `dcp`: torch.distributed.checkpoint with the restricted metadata unpickler;
-- `ranks`: how ranks agree; `inflight`: the asynchronous saves under way; `background`: threads.
+- `ranks`: how ranks agree; `inflight`: the asynchronous saves under way; `background`: threads;
+- `snapshots`: every few steps, each rank's state in the memory of its node and the next one, and
+  the recovery from them after a lost node or a restarted worker (`snapshot_every`).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
@@ -44,3 +45,32 @@ class Background(Generic[T]):
         if error is not None:
             raise error
         return cast(T, self._value)  # set when fn returned
+
+
+class Worker:
+    """One thread that runs the function given to `submit`, for as long as the process lives:
+    no thread start (and its handover of the interpreter lock) per call. One call at a time:
+    `wait()` for it before the next `submit`. Daemon: the process does not wait for it."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple]] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if not self._idle.is_set():
+            raise RuntimeError("Worker.submit while a call runs: wait() first")
+        self._idle.clear()
+        self._jobs.put((fn, args))
+
+    def wait(self) -> None:
+        self._idle.wait()
+
+    def _run(self) -> None:
+        while True:
+            fn, args = self._jobs.get()
+            try:
+                fn(*args)  # its own errors are its own to report
+            finally:
+                self._idle.set()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import operator
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from slurmddp import dist
-from slurmddp.checkpoint import layout, loading, modes, ranks
+from slurmddp.checkpoint import layout, loading, modes, ranks, snapshots
 from slurmddp.checkpoint.loading import Checkpoint
 from slurmddp.checkpoint.state import check_state, check_step
 from slurmddp.errors import CheckpointError
@@ -45,6 +45,12 @@ class Checkpointer:
 
     ``verify=True`` checks the size and checksum of every file against the manifest before
     loading.
+
+    ``snapshot_every=N`` (replicated mode): `snapshot(step, state)`, called every step, keeps
+    every N-th step's state in the memory of this rank's node and of the next node
+    (`slurmddp.checkpoint.snapshots`), the `snapshot_keep` newest; `load_latest` then resumes
+    from the newest complete snapshot when it is newer than the durable checkpoint. A lost node
+    or a restarted worker costs the steps since the last snapshot.
     """
 
     def __init__(
@@ -55,9 +61,17 @@ class Checkpointer:
         sharded: bool = False,
         async_save: bool = False,
         verify: bool = True,
+        snapshot_every: int = 0,
+        snapshot_keep: int = 2,
     ) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be a positive integer, not {keep!r}")
+        for name, value, least in (("keep", keep, 1), ("snapshot_every", snapshot_every, 0),
+                                   ("snapshot_keep", snapshot_keep, 1)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "a positive integer" if least else "an integer >= 0"
+                raise ValueError(f"{name} must be {kind}, not {value!r}")
+        if sharded and snapshot_every:
+            raise ValueError("snapshots keep replicated states only: use snapshot_every with "
+                             "sharded=False, or durable sharded checkpoints alone")  # fmt: skip
         self.directory = Path(directory).expanduser().absolute()
         self.keep = keep
         self.sharded = sharded
@@ -66,6 +80,9 @@ class Checkpointer:
         self._mode = modes.choose(layout.Directory(self.directory, keep), sharded=sharded,
                                   async_save=async_save)  # fmt: skip
         self._started: tuple[int, float] | None = None  # the save in flight: step, start
+        self._snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep) if snapshot_every \
+            else None  # fmt: skip
+        self._snapshot_checked = False
         # At start-up: the stop protocol's deadline leaves room for a save as long as the last.
         saved = layout.read_save_time(self.directory)
         if saved is not None:
@@ -93,6 +110,34 @@ class Checkpointer:
         if not self.async_save:
             self._saved()
 
+    def snapshot(self, step: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+                 ) -> None:  # fmt: skip
+        """Keep `state` as step `step`'s snapshot when `step` is a multiple of `snapshot_every`;
+        collective, call it after every step. `state` may be a function returning it (called only
+        then); `train_state.capture` inside it keeps this rank's own random state without the
+        gather a durable save needs. Without snapshot_every, nothing."""
+        if self._snapshots is None:
+            return
+        refusal = check_step(step)
+        if refusal is not None:
+            raise CheckpointError(refusal)
+        if not self._snapshots.due(operator.index(step)):
+            return
+        if callable(state):
+            from slurmddp.training import train_state
+
+            with train_state.own_rank_only():
+                state = state()
+        if not self._snapshot_checked:
+            # The first snapshot's state is checked on every rank; later ones have its shape (a
+            # collective per step would cost more than the snapshot itself).
+            refusal = check_state(state, sharded=False)
+            if not ranks.agree(refusal is None):
+                raise CheckpointError(refusal or f"snapshot of step {step} was refused on "
+                                      "another rank: see its error")  # fmt: skip
+            self._snapshot_checked = True
+        self._snapshots.take(operator.index(step), state)
+
     def wait(self) -> None:
         """Block until this Checkpointer's async save in flight (if any) is published, and old
         checkpoints it replaced are removed.
@@ -102,6 +147,8 @@ class Checkpointer:
         """
         self._mode.wait()
         self._saved()
+        if self._snapshots is not None:
+            self._snapshots.settle()
 
     def _saved(self) -> None:
         """The save in flight is published: keep how long it took, beside the checkpoints."""
@@ -138,6 +185,10 @@ class Checkpointer:
             self._mode.join_local()  # our own async save is on disk before we look; its error stays
         else:
             self._mode.settle()
+        if self._snapshots is not None:
+            found = self._snapshots.recover(self.latest_step, map_location)
+            if found is not None:
+                return found
         if self.sharded:
             return loading.load_sharded(self.directory, verify=self.verify, into=into)
         return loading.load_replicated(self.directory, verify=self.verify, into=into,

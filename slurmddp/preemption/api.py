@@ -134,6 +134,7 @@ class State:
         """`mark_done`, for this state."""
         self.done = True
         progress.finish()
+        _close_snapshots()
         self.install()  # a late signal must not end the process either
         self.agreement.close()
         path = os.environ.get(DONE_FILE_VAR)
@@ -146,6 +147,7 @@ class State:
             from slurmddp.checkpoint import wait_for_saves
 
             wait_for_saves()  # never announce a requeue before the checkpoint is on disk
+        _close_snapshots()
         self.agreement.close()
         if self.done:
             warn("the job is marked done: not requeued")
@@ -167,6 +169,15 @@ class State:
         if rank == 0:
             _requeue_with_scontrol(reason)
         raise SystemExit(0)
+
+
+def _close_snapshots() -> None:
+    """The run ends: the snapshots in the nodes' memory go (the work is done, or the stop's
+    checkpoint is durable)."""
+    if "slurmddp.checkpoint.snapshots" in sys.modules:
+        from slurmddp.checkpoint.snapshots import close_all
+
+        close_all()
 
 
 _state = State()

@@ -30,9 +30,11 @@ reduces exactly as the uninterrupted one does, with no call the user can forget.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -367,12 +369,26 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+_own_only = contextvars.ContextVar("slurmddp_own_rank_only", default=False)
+
+
+@contextlib.contextmanager
+def own_rank_only() -> Iterator[None]:
+    """Within it, `capture` keeps this rank's own random and loader state, not every rank's:
+    for a state each rank keeps itself (a snapshot), no gather is needed."""
+    token = _own_only.set(True)
+    try:
+        yield
+    finally:
+        _own_only.reset(token)
+
+
 def per_rank(local: Any) -> Any:
     """Every rank's `local` (a list, one all_gather of their serialized bytes; a collective), or
-    `local` alone without a process group; `own` takes this rank's back. `local` must not be a
-    list itself (one process's value would read as per rank)."""
+    `local` alone without a process group or within `own_rank_only`; `own` takes this rank's
+    back. `local` must not be a list itself (one process's value would read as per rank)."""
     world = dist.group_size()
-    if world == 1:
+    if world == 1 or _own_only.get():
         return local
     import io
 
@@ -404,5 +420,5 @@ def _numpy() -> Any:
     return numpy
 
 
-__all__ = ["capture", "capture_rng", "own", "per_rank", "prime_ddp", "prime_on_next_forward",
-           "restore", "restore_rng", "unwrap"]  # fmt: skip
+__all__ = ["capture", "capture_rng", "own", "own_rank_only", "per_rank", "prime_ddp",
+           "prime_on_next_forward", "restore", "restore_rng", "unwrap"]  # fmt: skip

@@ -3,16 +3,21 @@
 
     python -m slurmddp.run tests/programs/readme_data_loop.py --checkpoint-dir DIR \
         [--stop-at 4,12] [--sampler resumable|distributed|random] [--workers 2] \
-        [--start-method spawn] [--persistent] [--prefetch 4]
+        [--start-method spawn] [--persistent] [--prefetch 4] [--snapshot-every 1] [--crash-at 9]
 
 Stops by itself (saves, requeues: exit 75 outside Slurm) at the first --stop-at step past its
-start, as a preemption would there. Prints RESULT {"rank", "digest", "start", "epochs"}.
+start, as a preemption would there. With --snapshot-every, the README's snapshots; --crash-at N
+kills every rank (SIGKILL, no exit handler) right after step N's snapshot call, as a lost
+machine ends its processes (in torchrun's first run of the workers only).
+Prints RESULT {"rank", "digest", "start", "steps", "resumed"}.
 """
 
 import argparse
 import hashlib
 import json
+import os
 import random
+import signal
 import sys
 
 import numpy as np
@@ -41,6 +46,23 @@ class Noisy(Dataset):
         return x, self.y[i]
 
 
+def die_in_snapshot(step: int) -> None:
+    """Rank 1 is SIGKILLed in its snapshot of `step`, before its file is whole (in the first
+    run of a torchrun job only)."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    from slurmddp.checkpoint.snapshots.store import NodeStore
+
+    put = NodeStore.put
+
+    def dying(store, shard, data):
+        if os.environ["RANK"] == "1" and (shard.step, shard.rank) == (step, 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+        put(store, shard, data)
+
+    NodeStore.put = dying
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoint-dir", required=True)
@@ -52,7 +74,14 @@ def main() -> None:
     p.add_argument("--start-method")
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--prefetch", type=int)
+    p.add_argument("--snapshot-every", type=int, default=0)
+    p.add_argument("--crash-at", type=int)
+    p.add_argument("--save-every", type=int, default=0, help="durable checkpoints every N steps")
+    p.add_argument("--die-in-snapshot", type=int,
+                   help="rank 1 is killed in this step's snapshot, before its file is whole")
     args = p.parse_args()
+    if args.die_in_snapshot:
+        die_in_snapshot(args.die_in_snapshot)
 
     dist = slurmddp.init("gloo")
     torch.manual_seed(0)
@@ -76,15 +105,22 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, shuffle=sampler is None,
                         num_workers=args.workers, **extra)
     stops = [int(s) for s in args.stop_at.split(",") if s]
+    first_run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # torchrun's restarts
 
     # ---- the README's loop, with the loader ----
-    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=3)
+    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=3, snapshot_every=args.snapshot_every)
     loaded = ckpt.load_latest()
     step, first_epoch = 0, 0
     if loaded:
         counters = train_state.restore(loaded.state, model=ddp, optimizer=opt, loader=loader)
         step, first_epoch = counters["step"], counters["epoch"]
     start = step
+    epoch = first_epoch
+
+    def state():  # what a checkpoint or snapshot holds, when one is due
+        return train_state.capture(model=ddp, optimizer=opt, loader=loader, step=step,
+                                   epoch=epoch)
+
     for epoch in range(first_epoch, args.epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
@@ -94,16 +130,21 @@ def main() -> None:
             loss.backward()
             opt.step()
             step += 1
+            ckpt.snapshot(step, state)
+            if step == args.crash_at and start < step and first_run:
+                os.kill(os.getpid(), signal.SIGKILL)
             if any(start < s == step for s in stops) or slurmddp.should_stop():
-                ckpt.save(step, train_state.capture(model=ddp, optimizer=opt, loader=loader,
-                                                    step=step, epoch=epoch))
+                ckpt.save(step, state())
                 slurmddp.requeue()
+            if args.save_every and step % args.save_every == 0:
+                ckpt.save(step, state())
     slurmddp.mark_done()
     # ---- to here ----
 
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    result = {"rank": dist.rank, "digest": digest, "start": start, "steps": step}
+    result = {"rank": dist.rank, "digest": digest, "start": start, "steps": step,
+              "resumed": str(loaded.path) if loaded else None}
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")  # one write: ranks may share a pipe
     sys.stdout.flush()
 

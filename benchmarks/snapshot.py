@@ -1,0 +1,177 @@
+"""Snapshots (slurmddp.checkpoint.snapshots): what they cost a training step, and what they save
+when a node is lost.
+
+    python -m benchmarks.snapshot [--repeats 3] [--no-cluster]
+
+- **Cost**: the training benchmark's DDP loop (benchmarks/programs/snapshot_steps.py, 2 ranks
+  on 2 emulated nodes, gloo) with `Checkpointer.snapshot` every step, and every 10 steps,
+  against the same loop with no snapshot; then at a 1 GiB state (5 layers of 8192, SGD: the
+  parameters are the state; `snapshot_keep=1`: 4 GiB of stores on this one host), every step.
+  On this machine the two ranks take both cores: what a snapshot does in the background (its
+  checksum, its write and its exchange with the other node) is taken from training, where a GPU
+  node would have idle cores for it.
+- **A node lost** (local cluster, torchrun, 2 nodes x 2 workers and a spare, examples/
+  resumable_train.py at 0.1 s a step): every process of a working node killed at step 70 or
+  so (ten past a durable checkpoint of the baseline's); the steps of work lost (the last step
+  logged before the loss minus the step resumed at) and the time to training again, with a
+  snapshot every step against durable checkpoints every 20 steps (what a run had before); and
+  the part of that time the shards' fetch took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.table import Row, alternate, report
+
+PROGRAM = str(Path(__file__).resolve().parent / "programs" / "snapshot_steps.py")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _steps_per_second(*args: str) -> float:
+    port = str(_free_port())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI_", "PMI"))}
+    with tempfile.TemporaryDirectory(prefix="slurmddp-bench-shm-", dir="/dev/shm") as shm:
+        procs = [
+            subprocess.Popen([sys.executable, "-m", "slurmddp.run", PROGRAM, *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=base | {"RANK": str(r), "WORLD_SIZE": "2",
+                                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                         "OMP_NUM_THREADS": "1", "SLURMD_NODENAME": f"n{r + 1}",
+                                         "SLURMDDP_SNAPSHOT_DIR": shm})
+            for r in range(2)
+        ]  # fmt: skip
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"the training loop failed: {outs}")
+    return float(outs[0].split("STEPS_PER_S ", 1)[1])
+
+
+def cost(repeats: int, steps: int = 1000, large: bool = True) -> list[Row]:
+    """The rows of what a snapshot costs; `large`: also at a 1 GiB state (about 3 minutes)."""
+    n = str(steps)
+    small = alternate({
+        "every": lambda: _steps_per_second("--steps", n, "--snapshot-every", "1"),
+        "tenth": lambda: _steps_per_second("--steps", n, "--snapshot-every", "10"),
+        "none": lambda: _steps_per_second("--steps", n, "--snapshot-every", "0"),
+    }, repeats)  # fmt: skip
+    label = "no snapshot"
+    rows = [
+        Row("snapshot", "steps/s, a snapshot every step (0.5 MiB a rank, 2 ranks, 2 cores)",
+            small["every"], small["none"], "steps/s", label, ">= 0.97"),
+        Row("snapshot", "steps/s, a snapshot every 10 steps (0.5 MiB a rank)", small["tenth"],
+            small["none"], "steps/s", label),
+    ]  # fmt: skip
+    if large:
+        big = ["--width", "8192", "--layers", "5", "--steps", "5", "--warmup", "2", "--keep", "1"]
+        gib = alternate({
+            "every": lambda: _steps_per_second(*big, "--snapshot-every", "1"),
+            "none": lambda: _steps_per_second(*big, "--snapshot-every", "0"),
+        }, 1)  # fmt: skip
+        rows.append(Row("snapshot", "steps/s, a snapshot every step at a 1 GiB state",
+                        gib["every"], gib["none"], "steps/s", label))  # fmt: skip
+    return rows
+
+
+def one_loss(env: dict[str, str], work: Path, *, snapshots: bool) -> dict[str, float]:
+    """A node's processes killed once the training passed step 70: {"lost" (steps), "back" (s),
+    "fetch" (s)}."""
+    from benchmarks.cluster import job_processes, lose_node
+    from benchmarks.preemption_turnaround import _wait
+
+    extra = ["--snapshot-every", "1", "--save-every", "100000"] if snapshots else [
+        "--save-every", "20"]  # fmt: skip
+    submitted = subprocess.run(
+        [sys.executable, "-m", "slurmddp", "submit", "--json", "--partition", "debug",
+         "--nodes", "2", "--spare-nodes", "1", "--ntasks-per-node", "2", "--launcher", "torchrun",
+         "--max-restarts", "3", "--output", str(work / "jobs"), "--env", "OMP_NUM_THREADS=1",
+         "--env", f"SLURMDDP_SNAPSHOT_DIR={work / 'shm'}",
+         str(ROOT / "examples" / "resumable_train.py"), "--steps", "100000", "--step-time",
+         "0.1", "--log-every", "1", *extra, "--checkpoint-dir", str(work / "ckpt")],
+        env=env | {"XDG_STATE_HOME": str(work / "state")}, cwd=work, capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    job = re.search(r'"job_id": "(\d+)"', submitted).group(1)  # type: ignore[union-attr]
+
+    def logs() -> list[str]:
+        return [p.read_text(errors="replace") for p in (work / "jobs" / job).glob("node-*.log")]
+
+    try:
+        _wait(lambda: "] step 70 " in "".join(logs()), 240, "training")  # 10 past a checkpoint
+        nodes = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=env,
+                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+        nodes = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env,
+                               capture_output=True, text=True).stdout.split()  # fmt: skip
+        lost = next(n for n in nodes[1:]
+                    if any("RANK" in e for e in job_processes(job, n).values()))  # fmt: skip
+        lose_node(job, lost)
+        lost_at = time.time()
+        _wait(lambda: "resumed from" in "".join(logs()), 400, "resumed run")
+        back = time.time() - lost_at
+        before = max(int(n) for text in logs() for n in re.findall(
+            r"\] step (\d+) loss", text.split("resumed from")[0]))  # fmt: skip
+        at = int(re.search(r"resumed from \S+ at step (\d+)", "".join(logs())).group(1))  # type: ignore[union-attr]
+        fetched = re.search(r"fetched from peers \(.*?\) in ([\d.]+) s", "".join(logs()))
+        return {"lost": before - at, "back": back,
+                "fetch": float(fetched.group(1)) if fetched else 0.0}  # fmt: skip
+    finally:
+        subprocess.run(["scancel", job], env=env)
+        _wait(lambda: not subprocess.run(["squeue", "-h", "-j", job], env=env,
+                                         capture_output=True, text=True).stdout.strip(),
+              180, "end of the job")  # fmt: skip
+
+
+def node_lost(repeats: int) -> list[Row]:
+    from benchmarks.cluster import cluster_env
+
+    env = cluster_env()
+    samples: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for _ in range(repeats):
+        for snapshots in (True, False):
+            with tempfile.TemporaryDirectory(prefix="slurmddp-bench-") as work:
+                samples[snapshots].append(one_loss(env, Path(work), snapshots=snapshots))
+
+    def median(snapshots: bool, key: str) -> float:
+        return statistics.median(s[key] for s in samples[snapshots])
+
+    label = "durable checkpoints every 20 steps"
+    return [
+        Row("snapshot", "steps of work lost when a node's processes are killed (spare in place)",
+            median(True, "lost"), median(False, "lost"), "steps", label, "<= 1 (the interval)"),
+        Row("snapshot", "node's processes lost -> training again, with snapshots",
+            median(True, "back"), median(False, "back"), "s", label, "<= 15 s"),
+        Row("snapshot", "of which: fetching the lost node's shards from its replicas",
+            median(True, "fetch"), None, "s"),
+    ]  # fmt: skip
+
+
+def run(repeats: int = 3, cluster: bool = True) -> list[Row]:
+    return cost(repeats) + (node_lost(max(1, repeats // 3)) if cluster else [])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.snapshot")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-cluster", action="store_true", help="only the cost rows")
+    p.add_argument("--json", type=Path)
+    opts = p.parse_args()
+    report(run(opts.repeats, not opts.no_cluster), opts.json)
+
+
+if __name__ == "__main__":
+    main()

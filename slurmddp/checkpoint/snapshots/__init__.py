@@ -1,0 +1,43 @@
+"""Snapshots: a training's state every few steps in the memory of its nodes, so that an unplanned
+failure (a node lost, a rank killed) costs the steps since the last snapshot, not everything
+since the last durable checkpoint.
+
+    ckpt = slurmddp.Checkpointer("ckpt", snapshot_every=1)
+    loaded = ckpt.load_latest()           # the newest complete snapshot, else the checkpoint
+    for ...:
+        ...                               # one step
+        ckpt.snapshot(step, state)        # state: a mapping, or a function returning one
+
+Concepts:
+
+- **Shard**: one rank's state at one step, as ``torch.save`` writes it. Every rank keeps its own
+  (its random generators, its data position), so that a rank put in another's place resumes
+  exactly as that one would have.
+- **Node store** (`store`): a directory on the node, in /dev/shm unless ``$SLURMDDP_SNAPSHOT_DIR``
+  names another node-local place, keyed by the job, its run and the node: it outlives the
+  worker processes that crashed (torchrun restarts them on the same node), not the node.
+- **Replica** (`plan.replica_keepers`): each shard also goes to a rank of the next node, which
+  keeps it in its own store; losing any one node leaves a complete set.
+- **Taking** (`snapshotter.Snapshots.take`): the state's tensors are copied to CPU memory at the
+  call (GPU ones through pinned buffers); serialising, writing and sending happen in a thread,
+  on a gloo group of its own, while training goes on. The `keep` newest steps stay, so a failure
+  during a snapshot leaves the one before it complete.
+- **Recovery** (`plan.choose`): at `load_latest`, the ranks pool what their nodes hold, take the
+  newest step newer than the durable checkpoint for which every shard they need is on some
+  surviving node, fetch the ones their own node lacks from a peer that has them, and check each
+  against its crc32. None complete: the durable checkpoint, as without snapshots.
+- **Bounds**: a store keeps at most `keep` x (its ranks + the ranks it keeps replicas of) shards
+  and never takes the last 1 GiB (or tenth) of its file system; a node short of room says so once
+  and keeps none (its ranks' replicas are still kept by the next node).
+
+A requeue starts a new run of the job, on whatever nodes: its ranks start from the durable
+checkpoint (the stop protocol writes one at the stop step). `mark_done()` and `requeue()` remove
+the run's snapshots from the nodes.
+
+Modules: `store` (the node's files), `plan` (pure rules), `peers` (point-to-point transfers),
+`snapshotter` (`Snapshots`, used by `Checkpointer`).
+"""
+
+from slurmddp.checkpoint.snapshots.snapshotter import Snapshots, close_all
+
+__all__ = ["Snapshots", "close_all"]

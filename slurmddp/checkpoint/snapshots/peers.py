@@ -1,0 +1,41 @@
+"""Shards between ranks: point-to-point over a gloo group of their own, so that a replica goes to
+another node beside the training's collectives (NCCL's or gloo's), from a background thread."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# A shard's header: step, rank, world, crc32, size.
+HEADER = 5
+
+
+def side_group() -> Any:
+    """A new gloo group of every rank (collective: every rank creates it at the same call)."""
+    import torch.distributed as td
+
+    return td.new_group(backend="gloo")
+
+
+def exchange(group: Any, sends: Sequence[tuple[int, torch.Tensor]],
+             receives: Sequence[tuple[int, torch.Tensor]]) -> None:  # fmt: skip
+    """Send each (peer, tensor) and fill each (peer, buffer) from its peer; returns when all are
+    done. Peers are ranks of the default group (the side group holds them all)."""
+    import torch.distributed as td
+
+    ops = [td.P2POp(td.isend, tensor, peer, group) for peer, tensor in sends]
+    ops += [td.P2POp(td.irecv, buffer, peer, group) for peer, buffer in receives]
+    if ops:
+        for request in td.batch_isend_irecv(ops):
+            request.wait()
+
+
+def as_tensor(data: memoryview | bytes | bytearray) -> torch.Tensor:
+    """`data` as a uint8 tensor, without a copy where it is writable."""
+    if isinstance(data, bytes):
+        data = bytearray(data)
+    if not len(data):
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(data, dtype=torch.uint8)

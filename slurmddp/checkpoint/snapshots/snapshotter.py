@@ -1,0 +1,253 @@
+"""`Snapshots`: a rank's training state every N steps in its node's memory and a peer's, and the
+recovery from the newest complete set."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+import weakref
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from slurmddp import dist
+from slurmddp.checkpoint import inflight, ranks
+from slurmddp.checkpoint.background import Worker
+from slurmddp.checkpoint.loading import Checkpoint
+from slurmddp.checkpoint.snapshots import peers, plan
+from slurmddp.checkpoint.snapshots.flat import Buffer, pack, unpack
+from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_name
+from slurmddp.errors import one_line
+
+_live: weakref.WeakSet[Snapshots] = weakref.WeakSet()
+MIB = 1 << 20
+
+
+class Snapshots:
+    """Every `every` steps, this rank's state copied to CPU memory at once, then written to its
+    node's store and sent to the rank on the next node that keeps its replica, in a thread; the
+    `keep` newest steps stay. Collective: every rank takes the same snapshots."""
+
+    def __init__(self, every: int, keep: int) -> None:
+        self.every = every
+        self.keep = keep
+        self._store: NodeStore | None = None
+        self._group: Any = None
+        self._nodes: list[str] = []
+        self._keeper: int | None = None  # the rank that keeps this rank's replica
+        self._senders: list[int] = []  # the ranks whose replicas this rank keeps
+        self._buffer = Buffer()
+        self._worker = Worker("slurmddp-snapshot")
+        self._order: int | None = None  # the snapshot in flight, in `inflight`
+        self._written: list[Shard] = []  # the files this rank wrote and keeps
+        self._said: set[str] = set()
+        _live.add(self)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def take(self, step: int, state: Mapping[str, Any]) -> None:
+        """Lay `state` into this rank's buffer now (its tensors copied); write and replicate it
+        in the background (the previous snapshot is finished first)."""
+        self._setup()
+        self.settle()
+        flat, size = pack(state, self._buffer)
+        self._worker.submit(self._write, step, flat, size)
+        self._order = inflight.register(self)
+
+    def settle(self) -> None:
+        """Wait for the snapshot in flight; its failure has been said, training goes on."""
+        if self._order is not None:
+            self._worker.wait()
+            inflight.unregister(self._order)
+            self._order = None
+
+    # inflight's protocol: a snapshot never fails the training, so there is no error to give.
+    def wait(self) -> None:
+        self.settle()
+
+    def join_local(self) -> BaseException | None:
+        self.settle()
+        return None
+
+    def close(self) -> None:
+        """The run ends here: finish the snapshot in flight and remove this rank's files and the
+        replicas it keeps (the durable checkpoint, or the end of the work, supersedes them)."""
+        self.settle()
+        if self._store is not None:
+            self._store.remove([dist.rank(), *self._senders])
+
+    # -- taking ---------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """At the first snapshot or recovery (collective): the store, the side group for the
+        replicas, every rank's node."""
+        if self._store is not None:
+            return
+        self._store = NodeStore.of_this_node()
+        node = node_name(os.environ)
+        td = dist.group()
+        if td is None:
+            self._nodes = [node]
+            return
+        self._group = peers.side_group()
+        nodes: list[Any] = [None] * td.get_world_size()
+        td.all_gather_object(nodes, node, group=self._group)
+        self._nodes = [str(n) for n in nodes]
+        keepers = plan.replica_keepers(self._nodes)
+        rank = td.get_rank()
+        self._keeper = keepers.get(rank)
+        self._senders = sorted(r for r, k in keepers.items() if k == rank)
+
+    def _write(self, step: int, flat: torch.Tensor, size: int) -> None:
+        try:
+            data = self._buffer.view(size)
+            rank, world = dist.rank(), max(dist.group_size(), 1)
+            shard = Shard(step, rank, world, zlib.crc32(data), size)
+            self._keep(shard, data)
+            if self._keeper is not None or self._senders:
+                self._replicate(shard, flat[:size])
+            assert self._store is not None
+            self._written = self._store.prune(self._written, self.keep)
+            self._say_size_once(shard)
+        except Exception as e:  # the durable checkpoints stand; training goes on
+            self._say("failed", f"a snapshot failed on {self._node()} ({one_line(e)}): the "
+                      "durable checkpoints stand")  # fmt: skip
+
+    def _replicate(self, shard: Shard, data: torch.Tensor) -> None:
+        header = torch.tensor([shard.step, shard.rank, shard.world, shard.crc, shard.size])
+        heads = [(s, torch.empty(peers.HEADER, dtype=torch.int64)) for s in self._senders]
+        mine = [] if self._keeper is None else [(self._keeper, header)]
+        peers.exchange(self._group, mine, heads)
+        got = [(s, bytearray(int(h[4]))) for s, h in heads]
+        payload = [] if self._keeper is None else [(self._keeper, data)]
+        peers.exchange(self._group, payload, [(s, peers.as_tensor(b)) for s, b in got])
+        for (_, h), (_, b) in zip(heads, got, strict=True):
+            self._keep(Shard(*(int(v) for v in h.tolist())), b)
+
+    def _keep(self, shard: Shard, data: memoryview | bytearray) -> None:
+        assert self._store is not None
+        room, free, total = self._store.room_for(shard.size)
+        if not room:
+            self._say("room", f"{self._node()} keeps no snapshot: {self._store.root} has "
+                      f"{_size(free)} free of {_size(total)}, a snapshot takes "
+                      f"{_size(shard.size)} and the smaller of 1 GiB and a tenth stays "
+                      f"free; the durable checkpoints stand (set $SLURMDDP_SNAPSHOT_DIR to a "
+                      "larger node-local directory)")  # fmt: skip
+            return
+        try:
+            self._store.put(shard, data)
+            self._written.append(shard)
+        except OSError as e:
+            self._say("room", f"{self._node()} keeps no snapshot: {one_line(e)}; the durable "
+                      "checkpoints stand")  # fmt: skip
+
+    def _say_size_once(self, shard: Shard) -> None:
+        if dist.rank() != 0 or "size" in self._said:
+            return
+        here = self._nodes.count(self._nodes[0]) if self._nodes else 1
+        kept = here + len(self._senders) * here
+        self._say("size", f"snapshots every {self.every} step{'s' if self.every > 1 else ''} "
+                  f"in {self._store.root if self._store else '?'}: "
+                  f"{_size(shard.size)} a rank; a node keeps its ranks' and as many replicas, "
+                  f"{self.keep} steps: about {_size(self.keep * kept * shard.size)} on this "
+                  "one")  # fmt: skip
+
+    def _say(self, key: str, line: str) -> None:
+        if key in self._said:
+            return
+        self._said.add(key)
+        print(f"slurmddp: {line}", file=sys.stderr, flush=True)
+
+    def _node(self) -> str:
+        return f"node {node_name(os.environ)}"
+
+    # -- recovering -----------------------------------------------------------------------------
+
+    def recover(self, newer_than: int | None, map_location: Any) -> Checkpoint | None:
+        """The newest complete snapshot after step `newer_than` (the durable checkpoint's),
+        fetched and loaded on every rank; None when there is none (said, when one was lost).
+        Collective."""
+        self._setup()
+        self.settle()
+        assert self._store is not None
+        td = dist.group()
+        report: tuple[str, list[tuple], int | None] = (
+            node_name(os.environ), [dataclasses.astuple(s) for s in self._store.shards()],
+            newer_than)  # fmt: skip
+        reports: list[Any] = [report]
+        if td is not None:
+            reports = [None] * td.get_world_size()
+            td.all_gather_object(reports, report, group=self._group)
+        self._store.drop_partial()  # every rank has settled its writes by now
+        held: dict[str, set[Shard]] = {}
+        for node, shards, _ in reports:
+            held.setdefault(node, set()).update(Shard(*s) for s in shards)
+        durable = reports[0][2]
+        recovery, why = plan.choose({n: sorted(s) for n, s in held.items()}, self._nodes, durable)
+        lead = dist.rank() == 0
+        if recovery is None:
+            if lead and why:
+                print(f"slurmddp: {why}: resuming from the durable checkpoint"
+                      f"{'' if durable is None else f' of step {durable}'}", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            elif lead and not any(held.values()) and os.environ.get("SLURM_RESTART_COUNT",
+                                                                   "0") != "0":  # fmt: skip
+                print("slurmddp: no snapshot of this job is on its nodes (each run keeps its own; "
+                      "the run before was requeued): resuming from the durable checkpoint",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            return None
+        started = time.monotonic()
+        data = self._fetch(recovery)
+        fetched_s = time.monotonic() - started
+        shard = recovery.shards[dist.rank()]
+        state = None
+        if zlib.crc32(data) == shard.crc:
+            with contextlib.suppress(Exception):
+                state = unpack(data, map_location)
+        if not ranks.agree(isinstance(state, dict)):
+            if lead:
+                print(f"slurmddp: the snapshot of step {recovery.step} did not load on every "
+                      "rank (a checksum or the format failed): resuming from the durable "
+                      "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+            return None
+        if lead:
+            moved = sum(f.shard.size for f in recovery.fetches)
+            print(f"slurmddp: resuming from the snapshot of step {recovery.step} in the nodes' "
+                  f"memory (durable checkpoint: {'none' if durable is None else f'step {durable}'}"
+                  f"); {len(recovery.fetches)} of {len(recovery.shards)} shards fetched from "
+                  f"peers ({_size(moved)}) in {fetched_s:.3f} s", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        assert isinstance(state, dict)
+        fetch = next((f for f in recovery.fetches if f.receiver == dist.rank()), None)
+        node = self._nodes[fetch.sender] if fetch else self._nodes[dist.rank()]
+        return Checkpoint(recovery.step, state, self._store.directory.parent / node / shard.name)
+
+    def _fetch(self, recovery: plan.Recovery) -> bytes | bytearray:
+        """This rank's shard: from its node's store, or from the peer the plan names; this rank
+        sends what the plan asks of it."""
+        assert self._store is not None
+        rank = dist.rank()
+        sends = [(f.receiver, peers.as_tensor(self._store.read(f.shard)))
+                 for f in recovery.fetches if f.sender == rank]  # fmt: skip
+        mine = [f for f in recovery.fetches if f.receiver == rank]
+        received = bytearray(mine[0].shard.size) if mine else bytearray()
+        receives = [(mine[0].sender, peers.as_tensor(received))] if mine else []
+        if self._group is not None and recovery.fetches:
+            peers.exchange(self._group, sends, receives)
+        return received if mine else self._store.read(recovery.shards[rank])
+
+
+def _size(n: float) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n / 1024:.0f} KiB"
+
+
+def close_all() -> None:
+    """The run ends (`mark_done`, `requeue`): every Snapshots of this process closes."""
+    for snapshots in list(_live):
+        snapshots.close()

@@ -1,0 +1,259 @@
+"""Snapshots (slurmddp.checkpoint.snapshots): the pure rules, the node store, and the README's loop
+with a Dropout layer and DataLoader workers that augment at random, at 4 ranks on 2 emulated
+nodes (gloo), killed and resumed from the snapshots of the nodes that remain."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurmddp import Checkpointer
+from slurmddp.checkpoint.snapshots import flat, plan, store
+from slurmddp.checkpoint.snapshots.store import NodeStore, Shard
+from slurmddp.errors import CheckpointError
+from tests.conftest import launcher_free_env, tagged_json
+from tests.rank.test_process_group import free_port
+
+PROGRAM = str(Path(__file__).resolve().parents[1] / "programs" / "readme_data_loop.py")
+
+
+# -- the rules ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nodes, keepers", [
+    (["n1", "n1", "n2", "n2"], {0: 2, 1: 3, 2: 0, 3: 1}),
+    (["n1", "n2", "n3"], {0: 1, 1: 2, 2: 0}),
+    (["n1", "n1", "n1", "n2"], {0: 3, 1: 3, 2: 3, 3: 0}),  # a node of fewer ranks keeps more
+    (["n1", "n1"], {}),  # one node: no other node to keep a replica
+])  # fmt: skip
+def test_each_rank_has_a_replica_kept_on_the_next_node(nodes, keepers):
+    assert plan.replica_keepers(nodes) == keepers
+    assert all(nodes[rank] != nodes[keeper] for rank, keeper in keepers.items())
+
+
+def shards(step: int, ranks, world: int = 4) -> list[Shard]:
+    return [Shard(step, r, world, 1000 * step + r, 10) for r in ranks]
+
+
+def test_the_newest_complete_step_is_chosen_and_missing_shards_come_from_a_holder():
+    # n2 was lost and n3 took its ranks: n1 has its own shards and n2's replicas of step 8;
+    # step 9 was being taken (rank 1's replica never reached n2, then n2 was lost).
+    held = {"n1": shards(8, range(4)) + shards(9, [0, 1, 2]), "n3": []}
+    nodes = ["n1", "n1", "n3", "n3"]
+    recovery, why = plan.choose(held, nodes, newer_than=5)
+    assert recovery is not None and recovery.step == 8
+    assert recovery.shards == tuple(shards(8, range(4)))
+    assert [(f.shard.rank, f.sender, f.receiver) for f in recovery.fetches] == [(2, 0, 2),
+                                                                                (3, 0, 3)]
+    assert why == "the snapshot of step 9 lacks the shards of rank 3 (lost with their nodes)"
+
+
+@pytest.mark.parametrize("held, nodes, newer_than, step, fetched", [
+    ({"n1": shards(4, [0, 1])}, ["n1", "n1"], 4, None, 0),  # not newer than the checkpoint
+    ({"n1": shards(4, [0, 1])}, ["n1", "n1"], None, 4, 0),
+    ({"n1": shards(4, [0])}, ["n1", "n1", "n1"], None, None, 0),  # rank 1's is nowhere
+    ({"n1": shards(6, range(4)), "n2": shards(6, range(4))}, ["n1", "n2"], 2, 6, 0),  # shrink
+    ({"n1": shards(6, [0, 1], world=2)}, ["n1", "n2", "n2"], 2, 6, 2),  # grow: rank 0's for 2
+])  # fmt: skip
+def test_what_is_chosen(held, nodes, newer_than, step, fetched):
+    recovery, _ = plan.choose(held, nodes, newer_than)
+    assert (recovery and recovery.step) == step
+    assert (len(recovery.fetches) if recovery else 0) == fetched
+
+
+# -- the format ---------------------------------------------------------------------------------
+
+
+def test_a_state_comes_back_as_it_was_packed_without_pickle():
+    weight = torch.randn(3, 2)
+    state = {
+        "model": OrderedDict(w=weight, tied=weight, b=torch.zeros(0)),
+        "optimizer": {"state": {0: {"momentum": torch.ones(2, dtype=torch.bfloat16)}},
+                      "param_groups": [{"lr": 0.1, "params": [0, 1], "nesterov": False}]},
+        "rng": {"torch": torch.get_rng_state(), "python": {"gauss_next": None}},
+        "misc": (1, 2.5, "x", b"\x00", {3, 4}, complex(1, 2), torch.Size([2]), torch.int8,
+                 torch.device("cpu"), torch.tensor([True, False]), torch.tensor([1 + 2j])),
+    }  # fmt: skip
+    buffer = flat.Buffer()
+    _, size = flat.pack(state, buffer)
+    data = bytes(buffer.view(size))
+    assert b"pickle" not in data and not data.startswith(b"PK")  # no zip, no pickle stream
+    out = flat.unpack(data)
+    assert type(out["model"]) is OrderedDict and list(out["model"]) == ["w", "tied", "b"]
+    assert torch.equal(out["model"]["w"], weight) and out["model"]["b"].shape == (0,)
+    assert out["model"]["w"] is out["model"]["tied"]  # tied weights stay one tensor
+    assert out["optimizer"]["state"][0]["momentum"].dtype == torch.bfloat16
+    assert out["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert out["misc"][:9] == state["misc"][:9]
+    assert torch.equal(out["misc"][9], state["misc"][9])
+    assert torch.equal(out["misc"][10], state["misc"][10])
+    torch.set_rng_state(out["rng"]["torch"])  # its own storage (a view of the buffer crashed)
+    assert torch.equal(torch.get_rng_state(), state["rng"]["torch"])
+
+
+@pytest.mark.parametrize("state, error", [
+    ({"a": object()}, "a snapshot cannot hold a object"),
+    ({"a": torch.eye(2).to_sparse()}, "dense tensors only"),
+])  # fmt: skip
+def test_what_a_snapshot_cannot_hold_is_refused(state, error):
+    with pytest.raises(CheckpointError, match=error):
+        flat.pack(state, flat.Buffer())
+
+
+@pytest.mark.parametrize("damage, error", [
+    (lambda d: b"PK" + d[2:], "not a slurmddp snapshot"),
+    (lambda d: d.replace(b'"float32"', b'"compile"'), "names no torch dtype: 'compile'"),
+    (lambda d: d.replace(b'{"A"', b'{"Q"'), "unknown entry 'Q'"),
+])  # fmt: skip
+def test_a_damaged_snapshot_is_refused_and_runs_nothing(damage, error):
+    buffer = flat.Buffer()
+    _, size = flat.pack({"w": torch.ones(2)}, buffer)
+    with pytest.raises(CheckpointError, match=error):
+        flat.unpack(damage(bytes(buffer.view(size))))
+
+
+# -- the node store -------------------------------------------------------------------------------
+
+
+def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tmp_path):
+    node = NodeStore(tmp_path / "n1")
+    written = [Shard(step, rank, 4, step + rank, 3) for step in (3, 4, 5) for rank in (0, 2)]
+    for shard in written:
+        node.put(shard, b"abc")
+    (node.directory / f".{Shard(6, 0, 4, 6).name}.tmp-1").write_bytes(b"a")  # a write cut short
+    assert node.shards()[0] == Shard(3, 0, 4, 3, 3) and len(node.shards()) == 6
+    left = node.prune(written[0::2], 2)  # what rank 0 wrote: rank 2's are its own to prune
+    assert [(s.step, s.rank) for s in left] == [(4, 0), (5, 0)]
+    assert sorted((s.step, s.rank) for s in node.shards()) == [(3, 2), (4, 0), (4, 2), (5, 0),
+                                                               (5, 2)]  # fmt: skip
+    node.drop_partial()
+    assert not list(node.directory.glob(".*"))
+    node.remove([0, 2])
+    assert not node.directory.exists()
+
+
+def test_a_stores_place_is_the_job_its_run_and_the_node_and_earlier_runs_go(tmp_path):
+    env = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path), "SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n2",
+           "SLURM_RESTART_COUNT": "1"}  # fmt: skip
+    base = tmp_path / f"slurmddp-snapshots-{os.getuid()}"
+    (base / "41.0" / "n2").mkdir(parents=True)
+    (base / "410.0" / "n2").mkdir(parents=True)  # another job
+    node = NodeStore.of_this_node(env)
+    assert node.directory == base / "41.1" / "n2"
+    assert not (base / "41.0").exists() and (base / "410.0").exists()
+    assert store.node_directory({"TORCHELASTIC_RUN_ID": "a/b"}).parts[-2] == "a_b.0"
+
+
+def test_snapshot_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="snapshot_every must be an integer >= 0, not -1"):
+        Checkpointer(tmp_path, snapshot_every=-1)
+    with pytest.raises(ValueError, match="snapshot_keep must be a positive integer, not 0"):
+        Checkpointer(tmp_path, snapshot_every=1, snapshot_keep=0)
+    with pytest.raises(ValueError, match="snapshots keep replicated states only"):
+        Checkpointer(tmp_path, snapshot_every=1, sharded=True)
+    Checkpointer(tmp_path).snapshot(1, {"a": 1})  # without snapshot_every: nothing
+    assert not list(tmp_path.iterdir())
+
+
+# -- the README's loop, killed ---------------------------------------------------------------------
+
+# 2 DataLoader workers (fork) augmenting with torch, numpy and random; 6 epochs of 3 steps.
+LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6"]
+TWO_NODES = ["n1", "n1", "n2", "n2"]
+
+
+def run_world(work: Path, nodes: list[str], *args: str) -> tuple[list[dict], str]:
+    """The loop at len(nodes) ranks, rank r on node nodes[r] (its own store), in `work`; once a
+    rank is SIGKILLed the others are too, as torchrun ends a failed generation. (RESULT lines,
+    rank 0's slurmddp lines)."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "slurmddp.run", PROGRAM, "--checkpoint-dir",
+                          str(work / "ckpt"), *LOOP, *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(len(nodes)),
+                                               MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                               OMP_NUM_THREADS="1", SLURMD_NODENAME=node,
+                                               SLURM_JOB_ID="77",
+                                               SLURMDDP_SNAPSHOT_DIR=str(work / "shm")))
+        for r, node in enumerate(nodes)
+    ]  # fmt: skip
+    deadline = time.monotonic() + 240
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.returncode == -signal.SIGKILL for p in procs):
+            for p in procs:  # the rank's process group: its DataLoader workers too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        time.sleep(0.1)
+    outs = [p.communicate(timeout=60) for p in procs]
+    lines = "\n".join(line for line in outs[0][1].splitlines() if line.startswith("slurmddp:"))
+    # A rank killed, the others may fail first, on the collective it left (gloo says so).
+    killed = any(p.returncode == -signal.SIGKILL for p in procs)
+    assert killed or all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    return [r for out, _ in outs for r in tagged_json(out, "RESULT ")], lines
+
+
+def node_store(work: Path, node: str) -> Path:
+    return work / "shm" / f"slurmddp-snapshots-{os.getuid()}" / "77.0" / node
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    results, _ = run_world(tmp_path_factory.mktemp("reference"), TWO_NODES)
+    digests = {r["digest"] for r in results}
+    assert len(results) == 4 and len(digests) == 1
+    return digests.pop()
+
+
+def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninterrupted):
+    ended, _ = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--crash-at", "10")
+    assert ended == []
+    results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1")
+    # Killed right after step 10's snapshot began: it, or step 9's, is complete.
+    assert {r["start"] for r in results} in ({10}, {9}), results
+    assert "resuming from the snapshot of step" in said and "0 of 4 shards fetched" in said
+    assert {r["digest"] for r in results} == {uninterrupted}
+    assert not node_store(tmp_path, "n1").exists()  # mark_done removed the run's snapshots
+
+
+def test_a_lost_nodes_shards_come_from_their_replicas_to_the_spare_bitwise(
+        tmp_path, uninterrupted):  # fmt: skip
+    run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--crash-at", "10")
+    subprocess.run(["rm", "-r", node_store(tmp_path, "n2")], check=True)  # lost with its node
+    results, said = run_world(tmp_path, ["n1", "n1", "n3", "n3"], "--snapshot-every", "1")
+    assert {r["start"] for r in results} in ({10}, {9}), results
+    assert "2 of 4 shards fetched from peers" in said, said
+    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {Path(r["resumed"]).parent.name for r in results} == {"n1"}  # the holder of all four
+
+
+def test_without_a_complete_snapshot_the_durable_checkpoint_is_used(tmp_path, uninterrupted):
+    # One rank per node: with both nodes lost nothing of the snapshots is left.
+    run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4", "--crash-at",
+              "10")  # fmt: skip
+    for node in ("n1", "n2"):
+        subprocess.run(["rm", "-r", node_store(tmp_path, node)], check=True)
+    results, said = run_world(tmp_path, ["n3", "n3", "n4", "n4"], "--snapshot-every", "1",
+                              "--save-every", "4")  # fmt: skip
+    assert {r["start"] for r in results} == {8}, results
+    assert "resuming from the snapshot" not in said
+    assert {r["digest"] for r in results} == {uninterrupted}
+
+
+def test_a_failure_during_a_snapshot_leaves_the_one_before(tmp_path, uninterrupted):
+    # Rank 1 dies writing its snapshot of step 10: that step lacks its shard; step 9 is whole.
+    ended, _ = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--die-in-snapshot", "10")
+    assert ended == []
+    results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1")
+    assert {r["start"] for r in results} == {9}, results
+    assert "resuming from the snapshot of step 9" in said, said
+    assert {r["digest"] for r in results} == {uninterrupted}

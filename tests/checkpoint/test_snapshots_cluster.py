@@ -1,0 +1,196 @@
+"""Snapshots under torchrun's elastic agents on the real local cluster (marker `snapshots`: the
+22.05 pass and the 24.11 one). The nodes share this host's /dev/shm, so each node's store is its
+own directory, and a node lost in a test loses it (benchmarks.cluster.lose_node removes it).
+
+- A node's processes killed, a spare in its place: the run resumes from the snapshot of the last
+  step or the one before, its shards fetched from the replicas, and ends bitwise.
+- A machine gone silent (SIGSTOP; rank 0's where torchrun put it off the first node), the spare
+  in its place, then one rank killed: two recoveries from snapshots (the second with every
+  shard on its own node), a bitwise end.
+- A rank killed while it writes a snapshot: the one before is used (torchrun restarts the
+  workers; the README's loop with DataLoader workers that augment at random).
+- A node whose snapshot store is full keeps none and says so; the other keeps the replicas, and
+  killed workers resume from them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster import job_processes, lose_node
+from slurmddp.rank import hostlist
+from tests.checkpoint.test_snapshots import LOOP, PROGRAM, TWO_NODES, run_world
+from tests.conftest import ROOT, wait_until
+from tests.preemption.test_preemption_cluster import Job
+from tests.test_elastic_cluster import (
+    SPARE_ONE,
+    assert_bitwise,
+    node_logs,
+    silent_machine,
+    wait_logged,
+    workers_on,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.snapshots]
+
+RESUMABLE = str(ROOT / "examples" / "resumable_train.py")
+SNAPSHOTS = ["--snapshot-every", "1", "--save-every", "1000", "--log-every", "1"]
+
+
+def last_step_before_recovery(job: Job) -> int:
+    """The last step rank 0 logged before the first recovery: in the log of the node where the
+    new rank 0 said it resumed, what comes before that; the others' logs whole."""
+    texts = [t.split("resuming from the snapshot")[0] for t in node_logs(job).values()]
+    return max(int(n) for t in texts for n in re.findall(r"\] step (\d+) loss", t))
+
+
+def resumed_at(logs: str) -> list[int]:
+    """The steps each recovery of rank 0 resumed at, from snapshots, in order."""
+    return [int(n) for n in re.findall(r"resuming from the snapshot of step (\d+)", logs)]
+
+
+def stores(tmp_path: Path) -> dict[str, int]:
+    """{node: bytes in its snapshot store} of the job's run 0."""
+    base = tmp_path / "shm" / f"slurmddp-snapshots-{os.getuid()}"
+    return {d.name: sum(f.stat().st_size for f in d.iterdir())
+            for d in base.glob("*.0/*") if d.is_dir()}  # fmt: skip
+
+
+def test_a_lost_node_costs_at_most_a_step_with_snapshots_every_step(
+        slurm_cluster, tmp_path, reference_digest):  # fmt: skip
+    job = Job(slurm_cluster, tmp_path, [
+        *SPARE_ONE, "--env", f"SLURMDDP_SNAPSHOT_DIR={tmp_path / 'shm'}", RESUMABLE,
+        "--steps", "300", "--step-time", "0.1", *SNAPSHOTS,
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+    ])  # fmt: skip
+    wait_logged(job, "] step 60 ", 180)
+    nodes = hostlist.expand(job.fields()["NodeList"])
+    lost = next(node for node in nodes[1:] if workers_on(job, node))
+    held = stores(tmp_path)
+    assert len(lose_node(job.id, lost)) >= 3  # its agent and two workers; its store goes too
+    killed = time.time()
+    wait_logged(job, "resuming from the snapshot", 120)
+    back = time.time() - killed
+    logs = "".join(node_logs(job).values())
+    before = last_step_before_recovery(job)
+    (at,) = resumed_at(logs)
+    fetch = re.search(r"shards fetched from peers \((.*?)\) in ([\d.]+) s", logs)
+    print(f"node lost at step {before} -> resumed from the snapshot of step {at} in {back:.1f} s "
+          f"(fetching {fetch and fetch.group(1)}: {fetch and fetch.group(2)} s); stores {held}")
+    assert before - at <= 1, (before, at)  # the work lost: at most the snapshot interval
+    assert "2 of 4 shards fetched from peers" in logs, logs  # the spare's two ranks
+    end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert_bitwise(logs, reference_digest)
+    assert back < 60, back
+    assert not stores(tmp_path), stores(tmp_path)  # mark_done removed them from every node
+
+
+def test_a_machine_gone_silent_then_a_rank_killed_two_recoveries_from_snapshots(
+        slurm_cluster, tmp_path, reference_digest):  # fmt: skip
+    # First a whole machine stops (SIGSTOP: slurmd, step daemon, agent, workers), rank 0's when
+    # torchrun put it off the first node (whose agent holds the c10d rendezvous), and the spare
+    # takes its place; then, training again, one rank is killed (an OOM kill, a GPU fault) and
+    # torchrun restarts the workers where they are.
+    job = Job(slurm_cluster, tmp_path, [
+        *SPARE_ONE, "--env", f"SLURMDDP_SNAPSHOT_DIR={tmp_path / 'shm'}", RESUMABLE,
+        "--steps", "300", "--step-time", "0.1", *SNAPSHOTS,
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+    ])  # fmt: skip
+    wait_logged(job, "] step 50 ", 180)
+    nodes = hostlist.expand(job.fields()["NodeList"])
+    first = next((n for n in nodes[1:] if 0 in workers_on(job, n)), None) or next(
+        n for n in nodes[1:] if workers_on(job, n))  # fmt: skip
+    with silent_machine(job, first) as stopped:
+        assert len(stopped) >= 5  # slurmd, slurmstepd, agent, workers
+        silent = time.time()
+        wait_logged(job, "resuming from the snapshot", 120)
+        back = time.time() - silent
+        wait_logged(job, "] step 150 ", 120)
+        rank = next(pid for node in nodes if node != first
+                    for pid, env in job_processes(job.id, node).items()
+                    if env.get("RANK") == "3" and "TORCHELASTIC_RUN_ID" in env)  # fmt: skip
+        os.kill(rank, signal.SIGKILL)
+        wait_until(lambda: len(resumed_at("".join(node_logs(job).values()))) == 2, 120,
+                   lambda: f"a second recovery: {node_logs(job)}")  # fmt: skip
+        end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    first_at, second_at = resumed_at(logs)
+    print(f"machine {first} silent -> resumed from the snapshot of step {first_at} in {back:.1f} s;"
+          f" then rank 3 killed -> from step {second_at}")
+    assert 50 <= first_at < 150 <= second_at, (first_at, second_at)
+    assert "0 of 4 shards fetched" in logs.split("resuming from the snapshot")[-1], logs
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert_bitwise(logs, reference_digest)
+    assert back < 60, back
+
+
+# -- the README's loop with DataLoader workers, as torchrun's workers -----------------------------
+
+
+@pytest.fixture(scope="module")
+def loop_digest(tmp_path_factory) -> str:
+    """The README's data loop at 4 ranks, uninterrupted (local processes: the same bits)."""
+    results, _ = run_world(tmp_path_factory.mktemp("loop"), TWO_NODES)
+    (digest,) = {r["digest"] for r in results}
+    return digest
+
+
+def loop_job(cluster, tmp_path: Path, *args: str, hold: bool = False) -> Job:
+    return Job(cluster, tmp_path, [
+        "--nodes", "2", "--ntasks-per-node", "2", "--launcher", "torchrun", "--max-restarts", "1",
+        "--sbatch-arg=--nodelist=n[1-2]", *(["--sbatch-arg=--hold"] if hold else []),
+        "--env", "OMP_NUM_THREADS=1", "--env", f"SLURMDDP_SNAPSHOT_DIR={tmp_path / 'shm'}",
+        PROGRAM, *LOOP, "--snapshot-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        *args,
+    ])  # fmt: skip
+
+
+def loop_results(job: Job) -> list[dict]:
+    logs = "".join(node_logs(job).values())
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in logs.splitlines()
+            if "RESULT " in line]  # fmt: skip
+
+
+def test_a_rank_killed_writing_a_snapshot_leaves_the_one_before(slurm_cluster, tmp_path,
+                                                                loop_digest):  # fmt: skip
+    job = loop_job(slurm_cluster, tmp_path, "--die-in-snapshot", "10")
+    end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert "resuming from the snapshot of step 9 " in logs, logs
+    results = loop_results(job)
+    assert len(results) == 4 and {r["start"] for r in results} == {9}, results
+    assert {r["digest"] for r in results} == {loop_digest}
+
+
+def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replicas(
+        slurm_cluster, tmp_path, loop_digest):  # fmt: skip
+    job = loop_job(slurm_cluster, tmp_path, "--crash-at", "10", hold=True)
+    # n2's store: a 1 MiB tmpfs, filled (in the node's view: the 24.11 nodes run in a root).
+    root = slurm_cluster.state_dir / "rootfs"
+    store = tmp_path / "shm" / f"slurmddp-snapshots-{os.getuid()}" / f"{job.id}.0" / "n2"
+    store.mkdir(parents=True)
+    seen = root / str(store).lstrip("/") if root.is_dir() else store
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", seen], check=True)
+    try:
+        subprocess.run(["sh", "-c", f"head -c 2M /dev/zero 2>/dev/null >{seen}/fill"], check=False)
+        slurm_cluster.run(["scontrol", "release", job.id], check=True)
+        end = job.wait_end(timeout=300)
+    finally:
+        subprocess.run(["umount", seen], check=False)
+    logs = "".join(node_logs(job).values())
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert "slurmddp: node n2 keeps no snapshot: " in logs, logs
+    assert re.search(r"resuming from the snapshot of step (9|10) .*; 2 of 4 shards fetched", logs)
+    results = loop_results(job)
+    assert len(results) == 4 and {r["digest"] for r in results} == {loop_digest}, results
