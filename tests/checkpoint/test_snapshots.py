@@ -171,7 +171,8 @@ LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6"]
 TWO_NODES = ["n1", "n1", "n2", "n2"]
 
 
-def run_world(work: Path, nodes: list[str], *args: str) -> tuple[list[dict], str]:
+def run_world(work: Path, nodes: list[str], *args: str,
+              **env: str) -> tuple[list[dict], str]:  # fmt: skip
     """The loop at len(nodes) ranks, rank r on node nodes[r] (its own store), in `work`; once a
     rank is SIGKILLed the others are too, as torchrun ends a failed generation. (RESULT lines,
     rank 0's slurmddp lines)."""
@@ -184,7 +185,8 @@ def run_world(work: Path, nodes: list[str], *args: str) -> tuple[list[dict], str
                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                                OMP_NUM_THREADS="1", SLURMD_NODENAME=node,
                                                SLURM_JOB_ID="77",
-                                               SLURMDDP_SNAPSHOT_DIR=str(work / "shm")))
+                                               SLURMDDP_SNAPSHOT_DIR=str(work / "shm"),
+                                               **env))
         for r, node in enumerate(nodes)
     ]  # fmt: skip
     deadline = time.monotonic() + 240
@@ -257,3 +259,28 @@ def test_a_failure_during_a_snapshot_leaves_the_one_before(tmp_path, uninterrupt
     assert {r["start"] for r in results} == {9}, results
     assert "resuming from the snapshot of step 9" in said, said
     assert {r["digest"] for r in results} == {uninterrupted}
+
+
+def test_a_requeued_run_finds_no_snapshot_and_says_so(tmp_path, uninterrupted):
+    # A requeue is a new run of the job (SLURM_RESTART_COUNT): the run before's snapshots stay
+    # with it (here its stores are on the same nodes, and are removed as stale).
+    run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4", "--crash-at",
+              "10")  # fmt: skip
+    results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4",
+                              SLURM_RESTART_COUNT="1")  # fmt: skip
+    assert {r["start"] for r in results} == {8}, results
+    assert "no snapshot of this job is on its nodes" in said, said
+    assert not node_store(tmp_path, "n1").exists()  # the run before's, removed
+    assert {r["digest"] for r in results} == {uninterrupted}
+
+
+def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
+    # 4 ranks on 2 nodes killed; 2 ranks on one node come back (a shrink): each takes the shard
+    # of its own rank, all of them on that node, and trains on to the end (not bitwise: the
+    # world changed; tests/training/test_sampler.py has the samples across world sizes).
+    run_world(tmp_path, TWO_NODES, "--sampler", "resumable", "--snapshot-every", "1",
+              "--crash-at", "10")  # fmt: skip
+    results, said = run_world(tmp_path, ["n1", "n1"], "--sampler", "resumable",
+                              "--snapshot-every", "1")  # fmt: skip
+    assert "resuming from the snapshot of step" in said and "0 of 2 shards fetched" in said
+    assert len(results) == 2 and {r["start"] for r in results} <= {9, 10}, results
