@@ -8,6 +8,8 @@
 - A node lost (every process of it killed), with a spare (--nodes 2 --spare-nodes 1): the spare
   takes its place in the same world size, no requeue, training again within 60 s, bitwise end.
   Again with DataLoader worker processes: those of the killed generation exit by themselves.
+- Two spares, two nodes lost one after the other: each replaced in place, a bitwise end (a
+  spare left waiting for a full round is no reason to restart the workers).
 - A node lost without a spare (--nodes 2-3 on 3): the world shrinks to 4 ranks and resumes at the
   checkpoint's global sample: every sample once an epoch across the change.
 - Below the minimum (2 of 3 nodes lost, --nodes 2-3): the last agent gives up after the join
@@ -136,6 +138,34 @@ def test_a_lost_node_is_replaced_by_the_spare_in_place_and_the_run_ends_bitwise(
     assert_bitwise(logs, reference_digest)
     assert "the work is done: the other nodes finished it (elastic" in job.batch_log
     assert back < 60, back
+
+
+def test_with_two_spares_two_nodes_lost_in_a_row_are_replaced_and_the_run_ends_bitwise(
+        slurm_cluster, tmp_path, reference_digest):  # fmt: skip
+    # Once the first spare took a lost node's place the other waits in torch's wait list of a
+    # full round; torch alone restarted the workers for it every second, for good.
+    job = Job(slurm_cluster, tmp_path, [
+        "--nodes", "2", "--spare-nodes", "2", "--ntasks-per-node", "2", "--launcher", "torchrun",
+        "--max-restarts", "3", "--env", "OMP_NUM_THREADS=1", RESUMABLE, "--steps", "300",
+        "--save-every", "20", "--step-time", "0.1", "--log-every", "10",
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+    ])  # fmt: skip
+    wait_logged(job, "step 60 ", 180)
+    nodes = hostlist.expand(job.fields()["NodeList"])
+    for loss, (after, resumed) in enumerate([("step 60 ", 1), ("step 150 ", 2)]):
+        wait_logged(job, after, 180)
+        lost = next(node for node in nodes[1:] if workers_on(job, node))
+        assert len(lose_node(job.id, lost)) >= 3, loss
+        killed = time.time()
+        wait_until(lambda n=resumed: "".join(node_logs(job).values()).count("resumed from ") >= n,
+                   60, lambda n=resumed: f"recovery {n}: {node_logs(job)}")  # fmt: skip
+        print(f"loss {loss + 1}: {lost} -> training again in {time.time() - killed:.1f} s")
+    end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert_bitwise(logs, reference_digest)
+    # Two losses, each one restart of every surviving agent's two workers; not hundreds.
+    assert logs.count("closing signal SIGTERM") < 24, logs.count("closing signal SIGTERM")
 
 
 def dataloader_processes(job: Job, node: str) -> dict[int, bytes]:

@@ -139,6 +139,12 @@ def lost_a_node(state: Any, size: int) -> bool:
     return bool(state.complete and not state.closed and len(state.participants) < size)
 
 
+def full(state: Any, max_nodes: int) -> bool:
+    """Whether a rendezvous `state` (torch's) completed a round with as many nodes as it takes:
+    a node in its wait list cannot join before one of them is lost."""
+    return bool(state.complete and len(state.participants) >= max_nodes)
+
+
 def restart_when_a_peer_is_lost() -> None:
     """Make torchrun's agents restart their workers when a node of their round is lost.
 
@@ -149,7 +155,13 @@ def restart_when_a_peer_is_lost() -> None:
     Counting a round that lost a node as a change of membership sends them to the
     rendezvous, which goes on with the nodes left (at least --nnodes' minimum) or gives up.
     The workers are killed first: they cannot reach a step boundary without the lost ones, and
-    torchrun would give them 30 s to stop on its TERM."""
+    torchrun would give them 30 s to stop on its TERM.
+
+    And the reverse: a node in the wait list of a round that is full (two spares, one of them
+    left over once the other took a lost node's place, and joined as that round formed) is not
+    a reason to restart. torch would, every time, and each new round would leave a node waiting
+    again: the workers restarted every second, for good (seen with --spare-nodes 2). It joins
+    the round after a loss."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler as Handler,
     )
@@ -169,7 +181,12 @@ def restart_when_a_peer_is_lost() -> None:
     def num_nodes_waiting(self: Handler) -> int:
         count = waiting(self)  # (synchronises the state, dropping nodes whose beats stopped)
         now = state(self)
-        if now is None or not lost_a_node(now, sizes.get(id(self), 0)):
+        if now is None:
+            return count
+        if not lost_a_node(now, sizes.get(id(self), 0)):
+            settings = getattr(self, "_settings", None)
+            if count and settings is not None and full(now, settings.max_nodes):
+                return 0
             return count
         for worker in children(os.getpid()):
             with contextlib.suppress(ProcessLookupError):

@@ -102,3 +102,13 @@ def _state(participants: int, *, complete: bool = True, closed: bool = False) ->
 ])  # fmt: skip
 def test_a_round_that_lost_a_node_counts_as_a_change_of_membership(state, size, lost):
     assert agent.lost_a_node(state, size) is lost
+
+
+@pytest.mark.parametrize(("state", "max_nodes", "is_full"), [
+    (_state(2), 2, True),  # a spare left waiting: no room before a loss
+    (_state(1), 2, False),  # room: a waiting node joins the next round
+    (_state(2, complete=False), 2, False),  # the round still forms
+    (_state(2), 3, False),  # an elastic range with room to grow
+])  # fmt: skip
+def test_a_node_waiting_for_a_full_round_is_no_reason_to_restart(state, max_nodes, is_full):
+    assert agent.full(state, max_nodes) is is_full
