@@ -205,7 +205,8 @@ def run_world(work: Path, nodes: list[str], *args: str,
 
 
 def node_store(work: Path, node: str) -> Path:
-    return work / "shm" / f"slurmddp-snapshots-{os.getuid()}" / "77.0" / node
+    return store.node_directory({"SLURMDDP_SNAPSHOT_DIR": str(work / "shm"), "SLURM_JOB_ID": "77",
+                                 "SLURMD_NODENAME": node})  # fmt: skip
 
 
 @pytest.fixture(scope="module")

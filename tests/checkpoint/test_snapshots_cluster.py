@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cluster import job_processes, lose_node
+from slurmddp.checkpoint.snapshots import store
+from slurmddp.protocol import SNAPSHOT_DIR_VAR
 from slurmddp.rank import hostlist
 from tests.checkpoint.test_snapshots import LOOP, PROGRAM, TWO_NODES, run_world
 from tests.conftest import ROOT, wait_until
@@ -59,18 +61,23 @@ def resumed_at(logs: str) -> list[int]:
 
 def stores(tmp_path: Path) -> dict[str, int]:
     """{node: bytes in its snapshot store} of the job's run 0."""
-    base = tmp_path / "shm" / f"slurmddp-snapshots-{os.getuid()}"
+    base = store.root({SNAPSHOT_DIR_VAR: str(tmp_path / "shm")})
     return {d.name: sum(f.stat().st_size for f in d.iterdir())
             for d in base.glob("*.0/*") if d.is_dir()}  # fmt: skip
 
 
-def test_a_lost_node_costs_at_most_a_step_with_snapshots_every_step(
-        slurm_cluster, tmp_path, reference_digest):  # fmt: skip
-    job = Job(slurm_cluster, tmp_path, [
-        *SPARE_ONE, "--env", f"SLURMDDP_SNAPSHOT_DIR={tmp_path / 'shm'}", RESUMABLE,
+def spare_job(cluster, tmp_path: Path) -> Job:
+    """examples/resumable_train.py, 2 nodes x 2 workers and a spare, a snapshot every step."""
+    return Job(cluster, tmp_path, [
+        *SPARE_ONE, "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}", RESUMABLE,
         "--steps", "300", "--step-time", "0.1", *SNAPSHOTS,
         "--checkpoint-dir", str(tmp_path / "ckpt"),
     ])  # fmt: skip
+
+
+def test_a_lost_node_costs_at_most_a_step_with_snapshots_every_step(
+        slurm_cluster, tmp_path, reference_digest):  # fmt: skip
+    job = spare_job(slurm_cluster, tmp_path)
     wait_logged(job, "] step 60 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = next(node for node in nodes[1:] if workers_on(job, node))
@@ -101,11 +108,7 @@ def test_a_machine_gone_silent_then_a_rank_killed_two_recoveries_from_snapshots(
     # torchrun put it off the first node (whose agent holds the c10d rendezvous), and the spare
     # takes its place; then, training again, one rank is killed (an OOM kill, a GPU fault) and
     # torchrun restarts the workers where they are.
-    job = Job(slurm_cluster, tmp_path, [
-        *SPARE_ONE, "--env", f"SLURMDDP_SNAPSHOT_DIR={tmp_path / 'shm'}", RESUMABLE,
-        "--steps", "300", "--step-time", "0.1", *SNAPSHOTS,
-        "--checkpoint-dir", str(tmp_path / "ckpt"),
-    ])  # fmt: skip
+    job = spare_job(slurm_cluster, tmp_path)
     wait_logged(job, "] step 50 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     first = next((n for n in nodes[1:] if 0 in workers_on(job, n)), None) or next(
@@ -149,7 +152,7 @@ def loop_job(cluster, tmp_path: Path, *args: str, hold: bool = False) -> Job:
     return Job(cluster, tmp_path, [
         "--nodes", "2", "--ntasks-per-node", "2", "--launcher", "torchrun", "--max-restarts", "1",
         "--sbatch-arg=--nodelist=n[1-2]", *(["--sbatch-arg=--hold"] if hold else []),
-        "--env", "OMP_NUM_THREADS=1", "--env", f"SLURMDDP_SNAPSHOT_DIR={tmp_path / 'shm'}",
+        "--env", "OMP_NUM_THREADS=1", "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}",
         PROGRAM, *LOOP, "--snapshot-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
         *args,
     ])  # fmt: skip
@@ -178,9 +181,10 @@ def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replic
     job = loop_job(slurm_cluster, tmp_path, "--crash-at", "10", hold=True)
     # n2's store: a 1 MiB tmpfs, filled (in the node's view: the 24.11 nodes run in a root).
     root = slurm_cluster.state_dir / "rootfs"
-    store = tmp_path / "shm" / f"slurmddp-snapshots-{os.getuid()}" / f"{job.id}.0" / "n2"
-    store.mkdir(parents=True)
-    seen = root / str(store).lstrip("/") if root.is_dir() else store
+    n2 = store.node_directory({SNAPSHOT_DIR_VAR: str(tmp_path / "shm"), "SLURM_JOB_ID": job.id,
+                               "SLURMD_NODENAME": "n2"})  # fmt: skip
+    n2.mkdir(parents=True)
+    seen = root / str(n2).lstrip("/") if root.is_dir() else n2
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", seen], check=True)
     try:
         subprocess.run(["sh", "-c", f"head -c 2M /dev/zero 2>/dev/null >{seen}/fill"], check=False)
