@@ -210,7 +210,9 @@ def test_without_the_shield_a_spawned_worker_dies_of_slurms_term(tmp_path):
                        env=launcher_free_env(), capture_output=True, text=True,
                        timeout=120)  # fmt: skip
     assert r.returncode != 0
-    assert "DataLoader worker" in r.stderr
+    # The rank learns of the dead worker one of two ways, by the race between the worker's death
+    # and the rank's read: torch's own report, or the reset of the worker's half-sent batch.
+    assert "DataLoader worker" in r.stderr or "ConnectionResetError" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
