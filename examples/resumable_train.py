@@ -56,8 +56,8 @@ def main() -> int:
     dataset = TensorDataset(x, x @ torch.linspace(-1, 1, 16).unsqueeze(1))
     sampler = slurmddp.ResumableDistributedSampler(dataset, shuffle=True, seed=7)
     # Built as usual: slurmddp.init() seeds every DataLoader from (seed, epoch, sample), so
-    # making an iterator draws nothing from the training's generator (README, "Exact resume
-    # with a DataLoader").
+    # making an iterator draws nothing from the training's generator (docs/guide/preemption.md,
+    # "Exact resume with a DataLoader").
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
                         num_workers=args.workers,
                         multiprocessing_context=args.worker_start if args.workers else None,

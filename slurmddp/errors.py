@@ -15,7 +15,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from slurmddp.protocol import DEBUG_VAR as DEBUG_VARIABLE
 from slurmddp.protocol import INTERNAL_ERROR, USAGE_ERROR
@@ -148,7 +148,12 @@ def one_line(e: BaseException) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``PROG: error: what was wrong``, exit status 2."""
+    """argparse with one-line errors: ``PROG: error: what was wrong``, exit status 2; the
+    description and epilog are printed as written (a wrapped URL breaks at its hyphens)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         fail(f"{message} (see {self.prog} --help)", prog=self.prog)

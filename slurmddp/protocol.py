@@ -34,6 +34,8 @@ RUN_ID_VAR: Final = "SLURMDDP_RUN_ID"
 # another node (slurmddp.checkpoint.snapshots): a directory in the node's memory or on its own
 # disk, never a shared file system. Default /dev/shm.
 SNAPSHOT_DIR_VAR: Final = "SLURMDDP_SNAPSHOT_DIR"
+# The documentation site's root that --help links to, for a centre hosting its own copy.
+DOCS_URL_VAR: Final = "SLURMDDP_DOCS_URL"
 
 # -- the stop protocol's settings, exported by the batch script (or the local emulation) -------
 

@@ -337,8 +337,8 @@ def test_preempted_under_slurms_default_signalling_an_elastic_job_resumes_bitwis
         end = job.wait_end()
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED", job.batch_log + logs
-    # Slurm 24.11 may requeue once more a preempted job the batch shell requeued (README, "Slurm
-    # versions"): that run finds the work done and ends before its step.
+    # Slurm 24.11 may requeue once more a preempted job the batch shell requeued
+    # (docs/behaviour/versions.md): that run finds the work done and ends before its step.
     assert end["Restarts"] == "1" or job.batch_log.endswith(
         "finished its work in an earlier run: not run again\n"), job.batch_log  # fmt: skip
     assert "stopped (preempted, TERM) at restart 0 after its checkpoint: requeued" in (

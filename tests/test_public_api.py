@@ -125,10 +125,10 @@ def test_every_public_name_resolves(name: str) -> None:
 
 
 def _documented() -> Iterator[tuple[str, str, str | None]]:
-    """(file, module, name) of every import of slurmddp in the README, the recipes and the
+    """(file, module, name) of every import of slurmddp in the README, the docs and the
     examples' code, and of every call `slurmddp.f(...)` / `train_state.f(...)` in it (name None
     for a bare ``import slurmddp...``)."""
-    files = [ROOT / "README.md", *sorted((ROOT / "docs" / "recipes").glob("*.md")),
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
              *sorted((ROOT / "examples").glob("*.py"))]  # fmt: skip
     for path in files:
         text = path.read_text()

@@ -1,7 +1,7 @@
-"""docs/recipes/ agree with the code: every script and message a recipe shows is what the real CLI
-prints for the command the recipe gives.
+"""docs/ agrees with the code: every script and message a recipe (or any page of the site) shows
+is what the real CLI prints for the command the page gives.
 
-A recipe marks each block of program output with the command that produced it, and each input
+A page marks each block of program output with the command that produced it, and each input
 file that command reads (a profile, a wrapper script) with its path::
 
     <!-- file: ~/.config/slurmddp/profiles.toml -->
@@ -43,7 +43,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ROOT / "docs" / "recipes"
+DOCS = ROOT / "docs"
+RECIPES = DOCS / "recipes"
 UPDATE = os.environ.get("SLURMDDP_UPDATE_GOLDEN") == "1"
 
 HOME = "/home/alice"
@@ -176,11 +177,12 @@ def render(text: str, name: str) -> dict[int, tuple[str, int]]:
 
 
 def recipe_files() -> list[Path]:
-    return sorted(RECIPES.glob("*.md"))
+    """Every page of the site: a block marked runnable is checked wherever it is."""
+    return sorted(DOCS.rglob("*.md"))
 
 
 def recipe_ids() -> list[str]:
-    return [p.name for p in recipe_files()]
+    return [str(p.relative_to(DOCS)) for p in recipe_files()]
 
 
 def visible(text: str) -> str:
@@ -202,7 +204,7 @@ def update(path: Path) -> bool:
 
 
 def test_there_are_recipes_and_an_index():
-    names = recipe_ids()
+    names = [p.name for p in RECIPES.glob("*.md")]
     assert "README.md" in names and len(names) > 1, names
     index = (RECIPES / "README.md").read_text(encoding="utf-8")
     missing = [n for n in names if n != "README.md" and f"({n})" not in index]
@@ -211,7 +213,7 @@ def test_there_are_recipes_and_an_index():
 
 @pytest.mark.parametrize("name", recipe_ids())
 def test_rendered_blocks_are_what_the_cli_prints(name):
-    path = RECIPES / name
+    path = DOCS / name
     if UPDATE:
         update(path)
     text = path.read_text(encoding="utf-8")
@@ -231,9 +233,10 @@ def test_rendered_blocks_are_what_the_cli_prints(name):
     )
 
 
-@pytest.mark.parametrize("name", [n for n in recipe_ids() if n != "README.md"])
+@pytest.mark.parametrize("name", [n for n in recipe_ids()
+                                  if n.startswith("recipes/") and n != "recipes/README.md"])
 def test_every_recipe_shows_a_rendered_block_for_a_command_it_gives(name):
-    text = (RECIPES / name).read_text(encoding="utf-8")
+    text = (DOCS / name).read_text(encoding="utf-8")
     commands = [b.arg for b in blocks(text, name) if b.kind == "rendered"]
     assert commands, f"{name} has no <!-- rendered: ... --> block"
     shown = visible(text)
@@ -247,7 +250,7 @@ def test_every_recipe_shows_a_rendered_block_for_a_command_it_gives(name):
 
 @pytest.mark.parametrize("name", recipe_ids())
 def test_every_example_a_recipe_names_exists(name):
-    text = (RECIPES / name).read_text(encoding="utf-8")
+    text = (DOCS / name).read_text(encoding="utf-8")
     missing = sorted({m for m in _EXAMPLE.findall(text) if not (ROOT / m).is_file()})
     assert not missing, f"{name} names {missing}, which do not exist"
 

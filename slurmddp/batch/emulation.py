@@ -19,7 +19,7 @@ Slurm's daemons and tools, three roles of ``python -m slurmddp.emulation``:
 
 Every emulated node is this machine, named localhost, in a partition of its own
 (`LOCAL_PARTITION`) of that many nodes: a node the decision blames cannot be left behind.
-What a local job refuses, or takes without meaning (`local_problem`): README, "--local".
+What a local job refuses, or takes without meaning (`local_problem`): docs/behaviour/local.md.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from slurmddp import __version__
+from slurmddp.cli.reference import help_link
 from slurmddp.errors import Parser, reported
 
 
@@ -47,6 +48,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     cli_jobs.add_cancel(commands["cancel"])
     cli_jobs.add_profiles(commands["profiles"])
     doctor.add_arguments(commands["doctor"])
+    p.epilog = help_link("slurmddp")
+    for name, command in commands.items():
+        command.epilog = help_link(name)
     return p, commands
 
 

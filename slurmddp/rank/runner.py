@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from slurmddp import errors
+from slurmddp.cli.reference import help_link
 from slurmddp.errors import EnvError, Parser, UserError, fail, one_line, report, reported
 from slurmddp.preemption import api as preemption
 from slurmddp.protocol import (
@@ -46,6 +47,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         usage=f"{prog} [options] SCRIPT [ARGS...] | -m MODULE [ARGS...]",
         description="Run a torchrun-style training script on this rank of a Slurm, MPI or "
         "torchrun job.",
+        epilog=help_link("run"),
     )
     p.add_argument(
         "--tag-output",

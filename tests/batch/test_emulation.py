@@ -166,7 +166,7 @@ def test_resume_at_another_world_size_continues_at_the_same_global_sample(tmp_pa
     assert {x["world_size"] for x in tagged_json("\n".join(lines), "RESULT ")} == {2}
 
 
-# ---- the batch script's own behaviour, without Slurm: each row of the README's --local table ----
+# ---- the batch script's own behaviour, without Slurm: each row of docs/behaviour/local.md ----
 
 PROGRAMS = ROOT / "tests" / "programs"
 

@@ -1,4 +1,4 @@
-"""Snapshots (slurmddp.checkpoint.snapshots): the pure rules, the node store, and the README's loop
+"""Snapshots (slurmddp.checkpoint.snapshots): the pure rules, the node store, and the guide's loop
 with a Dropout layer and DataLoader workers that augment at random, at 4 ranks on 2 emulated
 nodes (gloo), killed and resumed from the snapshots of the nodes that remain."""
 
@@ -164,7 +164,7 @@ def test_snapshot_arguments_are_checked(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-# -- the README's loop, killed ---------------------------------------------------------------------
+# -- the guide's loop, killed ---------------------------------------------------------------------
 
 # 2 DataLoader workers (fork) augmenting with torch, numpy and random; 6 epochs of 3 steps.
 LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6"]

@@ -8,7 +8,7 @@ own directory, and a node lost in a test loses it (benchmarks.cluster.lose_node 
   in its place, then one rank killed: two recoveries from snapshots (the second with every
   shard on its own node), a bitwise end.
 - A rank killed while it writes a snapshot: the one before is used (torchrun restarts the
-  workers; the README's loop with DataLoader workers that augment at random).
+  workers; the guide's loop with DataLoader workers that augment at random).
 - A node whose snapshot store is full keeps none and says so; the other keeps the replicas, and
   killed workers resume from them.
 """
@@ -137,12 +137,12 @@ def test_a_machine_gone_silent_then_a_rank_killed_two_recoveries_from_snapshots(
     assert back < 60, back
 
 
-# -- the README's loop with DataLoader workers, as torchrun's workers -----------------------------
+# -- the guide's loop with DataLoader workers, as torchrun's workers -----------------------------
 
 
 @pytest.fixture(scope="module")
 def loop_digest(tmp_path_factory) -> str:
-    """The README's data loop at 4 ranks, uninterrupted (local processes: the same bits)."""
+    """The guide's data loop at 4 ranks, uninterrupted (local processes: the same bits)."""
     results, _ = run_world(tmp_path_factory.mktemp("loop"), TWO_NODES)
     (digest,) = {r["digest"] for r in results}
     return digest

@@ -137,8 +137,8 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
           f"{ {x['digest'] for x in job.results()} }")  # fmt: skip
     assert end["JobState"] == "COMPLETED", job.batch_log
     if int(end["Restarts"]) == 3 and slurm_cluster.version == "24.11":
-        # Slurm 24.11 may requeue once more a preempted job the batch shell requeued (README,
-        # "Slurm versions"): that run finds the work done and ends before its step.
+        # Slurm 24.11 may requeue once more a preempted job the batch shell requeued
+        # (docs/behaviour/versions.md): that run finds the work done and ends before its step.
         assert job.batch_log.endswith("finished its work in an earlier run: not run again\n"), (
             job.batch_log)
     else:
@@ -399,8 +399,8 @@ def test_scancel_cuts_a_save_longer_than_killwait_and_keeps_the_last_checkpoint(
 
 
 def test_scancel_b_usr2_stops_with_all_the_time_the_save_needs(slurm_cluster, tmp_path):
-    # What the README tells users to do instead: the stop signal to the batch shell. With
-    # Requeue=0 the job then ends, for good, after its checkpoint.
+    # What docs/behaviour/preemption.md tells users to do instead: the stop signal to the batch
+    # shell. With Requeue=0 the job then ends, for good, after its checkpoint.
     job = Job(slurm_cluster, tmp_path, [*train_args(tmp_path / "ckpt", steps=100000,
               step_time=0.05), "--slow-save", "8"])  # fmt: skip
     job.wait_for_log(r"step 40 ")

@@ -1,12 +1,13 @@
-"""The README's loop as a user fills it in: a model with dropout, a map-style dataset whose
-`__getitem__` augments at random with torch, numpy and `random`, and an ordinary DataLoader.
+"""The loop of docs/guide/preemption.md as a user fills it in: a model with dropout, a map-style
+dataset whose `__getitem__` augments at random with torch, numpy and `random`, and an ordinary
+DataLoader.
 
     python -m slurmddp.run tests/programs/readme_data_loop.py --checkpoint-dir DIR \
         [--stop-at 4,12] [--sampler resumable|distributed|random] [--workers 2] \
         [--start-method spawn] [--persistent] [--prefetch 4] [--snapshot-every 1] [--crash-at 9]
 
 Stops by itself (saves, requeues: exit 75 outside Slurm) at the first --stop-at step past its
-start, as a preemption would there. With --snapshot-every, the README's snapshots; --crash-at N
+start, as a preemption would there. With --snapshot-every, the guide's snapshots; --crash-at N
 kills every rank (SIGKILL, no exit handler) right after step N's snapshot call, as a lost
 machine ends its processes (in torchrun's first run of the workers only).
 Prints RESULT {"rank", "digest", "start", "steps", "resumed"}.
@@ -107,7 +108,7 @@ def main() -> None:
     stops = [int(s) for s in args.stop_at.split(",") if s]
     first_run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # torchrun's restarts
 
-    # ---- the README's loop, with the loader ----
+    # ---- the guide's loop, with the loader ----
     ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=3, snapshot_every=args.snapshot_every)
     loaded = ckpt.load_latest()
     step, first_epoch = 0, 0

@@ -1,4 +1,4 @@
-"""The README's preemption loop, as written there (no prime_ddp), at any world size.
+"""The loop of docs/guide/preemption.md, as written there (no prime_ddp), at any world size.
 
     python -m slurmddp.run tests/programs/readme_loop.py --checkpoint-dir DIR [--stop-at N]
 
@@ -51,7 +51,7 @@ def train_one_step(step: int) -> None:
     sched.step()
 
 
-# ---- the README's loop, from here ----
+# ---- the guide's loop, from here ----
 ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=3)
 loaded = ckpt.load_latest()
 start = 0

@@ -1,9 +1,10 @@
 """slurmddp.training.loader: a DataLoader's randomness from (seed, epoch, sample), resumed exactly.
 
-In-process tables first (a fresh DataLoader stands for the resumed process); then the README's
-loop as a user fills it in (tests/programs/readme_data_loop.py: dropout, random augmentation
-from torch, numpy and random, an ordinary DataLoader), preempted twice at 2 and 4 ranks, against
-the same job uninterrupted, with the control that shows the test can fail.
+In-process tables first (a fresh DataLoader stands for the resumed process); then the guide's
+loop (docs/guide/preemption.md) as a user fills it in (tests/programs/readme_data_loop.py:
+dropout, random augmentation from torch, numpy and random, an ordinary DataLoader), and the
+README's quick-start block itself (tests/programs/readme_quickstart.py), preempted twice at 2 and
+4 ranks, against the same job uninterrupted, with the controls that show the tests can fail.
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def test_a_loop_that_names_no_loader_is_told_once_at_its_first_save(monkeypatch,
     assert err.startswith("slurmddp: a DataLoader over "), err
 
 
-# -- the README's loop, as a user fills it in, in real processes -------------------------------
+# -- the guide's loop, as a user fills it in, in real processes -------------------------------
 
 DATA_LOOP = str(PROGRAMS / "readme_data_loop.py")
 
@@ -271,11 +272,11 @@ def test_the_readme_loop_without_the_seeding_drifts_the_control(tmp_path):
     assert preempted_twice(tmp_path / "b", "4,12", SLURMDDP_EXACT_DATA="0") != reference
 
 
-def test_the_readmes_table_of_what_is_exact_names_these_tests():
-    # The table is written from these tests: each row names one, and each case of the README
+def test_the_guides_table_of_what_is_exact_names_these_tests():
+    # The table is written from these tests: each row names one, and each case of the guide's
     # loop's test has its row.
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Exact resume with a DataLoader", 1)[1]
+    guide = (ROOT / "docs" / "guide" / "preemption.md").read_text()
+    section = guide.split("## Exact resume with a DataLoader", 1)[1]
     table = section[section.index("| loader |"):].split("\n\n", 1)[0]
     rows = table.splitlines()[2:]
     cells = [row.rsplit("|", 2)[1] for row in rows]
@@ -285,3 +286,22 @@ def test_the_readmes_table_of_what_is_exact_names_these_tests():
     ids = re.search(r"ids=\[([^\]]*)\]", source.split("def test_the_readme_loop_with")[0]
                     .rsplit("@pytest.mark.parametrize", 1)[1]).group(1)  # fmt: skip
     assert set(re.findall(r'"([^"]+)"', ids)) <= set(named)
+
+
+QUICK_START = str(PROGRAMS / "readme_quickstart.py")
+
+
+def test_the_readmes_quick_start_loop_as_written_resumes_bitwise(tmp_path):
+    # The README's own block, executed (not a copy): dropout, augmenting workers, a sampler.
+    reference = {r["digest"] for r in run_ranks(QUICK_START, tmp_path / "a", world=2)}
+    assert len(reference) == 1
+
+    def preempted_twice(checkpoints, **env: str) -> set:
+        for _ in range(2):
+            assert run_ranks(QUICK_START, checkpoints, "--stop-at", "4,12", world=2, **env) == []
+        return {r["digest"] for r in run_ranks(QUICK_START, checkpoints, "--stop-at", "4,12",
+                                               world=2, **env)}  # fmt: skip
+
+    assert preempted_twice(tmp_path / "b") == reference
+    # The control: without the loaders' seeding the same job ends in other bits.
+    assert preempted_twice(tmp_path / "c", SLURMDDP_EXACT_DATA="0") != reference

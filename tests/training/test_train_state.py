@@ -238,7 +238,7 @@ README_LOOP = str(PROGRAMS / "readme_loop.py")
 
 
 def run_readme_loop(checkpoints, *args: str, world: int = 4) -> list[dict]:
-    """The README's loop at `world` ranks (gloo, local processes under the runner)."""
+    """The guide's loop at `world` ranks (gloo, local processes under the runner)."""
     return run_ranks(README_LOOP, checkpoints, *args, world=world)
 
 

@@ -1,0 +1,184 @@
+"""The documentation site's generated pages, and the links ``--help`` gives to it.
+
+Nothing here is written twice: the command-line reference comes from the commands' own parsers
+and, for the job's options, from their one table (`slurmddp.batch.options.OPTIONS`: default,
+configuration key, check), as TorchX renders its runopts; the environment variables come from
+their declarations in `slurmddp.protocol`. docs/hooks/reference.py puts both into the site as
+it is built (``<!-- generated: cli -->``, ``<!-- generated: environment -->``). Pure: it reads
+parsers and source, and imports neither torch nor anything that does (the runner's --help takes
+its link from here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import inspect
+import os
+import re
+from collections.abc import Iterator
+
+from slurmddp import protocol
+from slurmddp.batch import options
+
+__all__ = ["DOCS_URL", "PAGES", "cli_markdown", "docs_url", "environment_markdown", "help_link"]
+
+# Where the site is published; a centre that hosts its own copy (compute nodes are often
+# offline) sets $SLURMDDP_DOCS_URL, and every --help link follows it.
+DOCS_URL = "https://slurmddp.readthedocs.io/en/latest/"
+
+# The page that explains each command, relative to the site's root: its --help ends with it.
+PAGES = {
+    "slurmddp": "",
+    "submit": "guide/submitting/",
+    "template": "recipes/plain-srun/",
+    "status": "guide/submitting/#following-a-job",
+    "logs": "guide/submitting/#following-a-job",
+    "cancel": "guide/submitting/#following-a-job",
+    "profiles": "recipes/centre-profiles/",
+    "doctor": "recipes/troubleshooting/",
+    "run": "guide/running/",
+}
+
+
+def docs_url() -> str:
+    """The site's root URL, ending in a slash."""
+    url = os.environ.get(protocol.DOCS_URL_VAR) or DOCS_URL
+    return url if url.endswith("/") else url + "/"
+
+
+def help_link(command: str) -> str:
+    """The closing lines of `command`'s --help: the page that explains it and its reference."""
+    anchor = "slurmddp" if command == "slurmddp" else f"slurmddp-{command}"
+    return (f"explained at: {docs_url()}{PAGES[command]}\n"
+            f"every option: {docs_url()}reference/cli/#{anchor}")  # fmt: skip
+
+
+# -- the command-line reference --------------------------------------------------------------------
+
+
+def _commands() -> Iterator[tuple[str, str, argparse.ArgumentParser, str]]:
+    """(title, anchor, parser, summary) of every command, in the order of ``slurmddp --help``."""
+    from slurmddp.cli import build_parser
+    from slurmddp.rank import runner
+
+    parser, commands = build_parser()
+    yield "slurmddp", "slurmddp", parser, parser.description or ""
+    summaries = {a.dest: a.help or "" for a in _subcommand_actions(parser)}
+    for name, sub in commands.items():
+        if name == "run":  # the runner parses its own argv: its parser is the runner's
+            sub = runner.build_parser(prog="slurmddp run")
+        yield f"slurmddp {name}", f"slurmddp-{name}", sub, summaries.get(name, "")
+
+
+def _subcommand_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action._choices_actions)
+    return []
+
+
+def _cell(text: object) -> str:
+    # Markdown would read "|" as a cell's end and a closing "{ ... }" as attributes.
+    text = html.escape(str(text), quote=False).replace("{", "&#123;").replace("}", "&#125;")
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _check(opt: options.Option) -> str:
+    """What a value must be, in the words of the option's own check."""
+    try:
+        opt.check(object())
+    except options.Invalid as e:
+        return str(e).removeprefix("must be ")
+    raise AssertionError(f"{opt.key}: its check takes anything")  # pragma: no cover
+
+
+def _flag(action: argparse.Action) -> str:
+    if not action.option_strings:
+        return f"`{action.metavar or action.dest.upper()}`"
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+        return ", ".join(f"`{s}`" for s in action.option_strings)
+    metavar = action.metavar or action.dest.upper()
+    return ", ".join(f"`{s} {metavar}`" for s in action.option_strings)
+
+
+def _row(action: argparse.Action, opt: options.Option | None) -> list[str]:
+    """flag, what it does, default, configuration key, what a value must be."""
+    if opt is None:
+        default = action.default
+        shown = "" if default in (None, False, argparse.SUPPRESS) or isinstance(default, list) \
+            else str(default)  # fmt: skip
+        return [_flag(action), _cell(action.help or ""), _cell(shown), "", ""]
+    choices = f": one of {', '.join(opt.choices)}" if opt.choices else ""
+    default = opt.default_help or ("" if opt.default is None else options.format_value(opt.default))
+    key = f"`{options.toml_key(opt.key)}`" if opt.config else "—"
+    return [_flag(action), _cell(opt.help + choices), _cell(default or "—"), key,
+            _cell(_check(opt))]  # fmt: skip
+
+
+def cli_markdown() -> str:
+    """The reference of every command and option, as Markdown."""
+    by_key = {o.key: o for o in options.OPTIONS}
+    out = [
+        "Every command and option, generated from the commands' parsers and the table of the "
+        "job's options (`slurmddp/batch/options.py`). An option with a configuration key may "
+        "also be set in `slurmddp.toml`, `[tool.slurmddp]` in `pyproject.toml`, or a profile "
+        "([Centre profiles](../recipes/centre-profiles.md)); the command line wins.",
+        "",
+    ]
+    for title, anchor, parser, summary in _commands():
+        out += [f"## {title} {{#{anchor}}}", ""]
+        if summary:
+            out += [_cell(summary[0].upper() + summary[1:]).rstrip(".") + ".", ""]
+        usage = " ".join(parser.format_usage().removeprefix("usage:").split())
+        out += ["```text", usage, "```", ""]
+        skip = (argparse._SubParsersAction, argparse._HelpAction)
+        actions = [a for a in parser._actions
+                   if a.help != argparse.SUPPRESS and not isinstance(a, skip)]  # fmt: skip
+        if not actions:
+            continue
+        # The job's options are the table's under submit and template only.
+        table = by_key if title in ("slurmddp submit", "slurmddp template") else {}
+        out += ["| option | what it does | default | configuration key | a value must be |",
+                "|---|---|---|---|---|"]  # fmt: skip
+        out += ["| " + " | ".join(_row(a, table.get(a.dest))) + " |" for a in actions]
+        out.append("")
+    return "\n".join(out)
+
+
+# -- the environment variables -------------------------------------------------------------------
+
+_SECTION = re.compile(r"# -- (.+?) -+$")
+_VARIABLE = re.compile(r'(\w+_VAR): Final = "(SLURMDDP_\w+)"(?:\s+#\s*(.*))?$')
+
+
+def variables() -> list[tuple[str, str, str]]:
+    """(section, variable, meaning) of every ``*_VAR`` that protocol.py declares, the meaning
+    being the comment beside or just above its declaration."""
+    found: list[tuple[str, str, str]] = []
+    section, comment = "", list[str]()
+    for line in inspect.getsource(protocol).splitlines():
+        if m := _SECTION.match(line):
+            section, comment = m[1], []
+        elif line.startswith("#"):
+            comment.append(line.lstrip("# "))
+        elif m := _VARIABLE.match(line):
+            found.append((section, m[2], m[3] or " ".join(comment)))
+            comment = []
+        else:
+            comment = []
+    return found
+
+
+def environment_markdown() -> str:
+    """Every ``SLURMDDP_*`` variable, by who sets it, as Markdown."""
+    out = ["Every `SLURMDDP_*` variable, generated from their declarations in "
+           "`slurmddp/protocol.py`, where each is named once.", ""]  # fmt: skip
+    current = None
+    for section, name, meaning in variables():
+        if section != current:
+            current = section
+            out += ["", f"## {section[0].upper()}{section[1:]}", "", "| variable | meaning |",
+                    "|---|---|"]  # fmt: skip
+        out.append(f"| `{name}` | {_cell(meaning)} |")
+    return "\n".join(out) + "\n"
