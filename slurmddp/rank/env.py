@@ -47,12 +47,17 @@ __all__ = [
 # Derived master ports stay below Linux's ephemeral range (32768-60999) so that a port the kernel
 # handed to some client socket is never picked, and above most well-known services.
 PORT_BASE = 15000
+"""The lowest port a job's MASTER_PORT is derived from."""
 PORT_SPAN = 15000
-DEFAULT_PORTS = range(PORT_BASE, PORT_BASE + PORT_SPAN)  # unless $SLURMDDP_PORT_RANGE names others
+"""How many ports, from PORT_BASE, a derived MASTER_PORT is taken from."""
+DEFAULT_PORTS = range(PORT_BASE, PORT_BASE + PORT_SPAN)
+"""The ports a job's MASTER_PORT is derived from, unless $SLURMDDP_PORT_RANGE names others."""
 # Consecutive steps of one job get consecutive ports; consecutive jobs are this far apart.
 _STEPS_PER_JOB = 8
-DEFAULT_PORT = 29500  # torch's own default, for a lone process outside any job
+DEFAULT_PORT = 29500
+"""torch's own default MASTER_PORT, for a lone process outside any job."""
 LOOPBACK = "127.0.0.1"
+"""MASTER_ADDR of a job on one machine outside Slurm."""
 _JOB_ID = re.compile(r"[0-9]+")
 
 
@@ -134,15 +139,16 @@ _MPI_FAMILIES: Sequence[tuple[str, str, str, str | None, str | None]] = (
     ("Hydra (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
 )  # fmt: skip
 
-# The variables that decide a rank, torchrun's and MPI's. A batch script unsets them (and every
-# TORCHELASTIC_* one) before it starts the ranks: sbatch passes the submitting shell's
-# environment on, and leftovers there (a torchrun tried by hand) must never decide a rank.
 LAUNCHER_VARIABLES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "PMIX_RANK",
     *(name for family in _MPI_FAMILIES for name in family[1:] if name),
 )  # fmt: skip
+"""The variables that decide a rank, torchrun's and MPI's. A batch script unsets them (and every
+LAUNCHER_PREFIXES one) before it starts the ranks: sbatch passes the submitting shell's
+environment on, and leftovers there (a torchrun tried by hand) must never decide a rank."""
 LAUNCHER_PREFIXES = ("TORCHELASTIC_",)
+"""Prefixes of launcher variables unset as LAUNCHER_VARIABLES are."""
 
 
 def launcher_variables(environ: Mapping[str, str]) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Literal
 from slurmddp.errors import EnvError
 
 Launcher = Literal["torchrun", "env", "mpi", "slurm", "single"]
+"""Which launcher's variables decided a rank (`DistEnv.launcher`)."""
 
 # Plain ASCII digits only: int() would also take "1_000" or full-width digits.
 _INTEGER = re.compile(r"-?[0-9]+")

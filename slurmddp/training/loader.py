@@ -69,6 +69,7 @@ _BASE, _SAMPLER, _SAMPLE = 1, 2, 3
 
 
 def enabled() -> bool:
+    """Whether DataLoaders are seeded for an exact resume ($SLURMDDP_EXACT_DATA is not 0)."""
     return os.environ.get(protocol.EXACT_DATA_VAR, "1") != "0"
 
 
