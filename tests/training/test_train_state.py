@@ -3,11 +3,18 @@ resumed in a fresh process ends bitwise where the uninterrupted run ends."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,25 +249,73 @@ def run_readme_loop(checkpoints, *args: str, world: int = 4) -> list[dict]:
     return run_ranks(README_LOOP, checkpoints, *args, world=world)
 
 
-def run_ranks(program: str, checkpoints, *args: str, world: int, **env: str) -> list[dict]:
+def run_ranks(program: str, checkpoints, *args: str, world: int, timeout: float = 300,
+              **env: str) -> list[dict]:
     """`program --checkpoint-dir checkpoints ARGS` at `world` local ranks under the runner; the
-    RESULT lines of those that ended (none of those that stopped and checkpointed)."""
+    RESULT lines of those that ended (none of those that stopped and checkpointed).
+
+    Each rank writes to files, not pipes: a rank is done when it exits, whatever its forked
+    DataLoader workers still hold open, and no rank can block on a pipe nobody reads yet. A rank
+    still running after `timeout` s is a hang: every process of every rank then writes its Python
+    stacks (faulthandler, on SIGABRT), and the test fails with them.
+    """
     port = str(free_port())
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "slurmddp.run", program, "--checkpoint-dir",
-                          str(checkpoints), *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world),
-                                               MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                                               OMP_NUM_THREADS="1", **env))
-        for r in range(world)
-    ]  # fmt: skip
+    logs = Path(tempfile.mkdtemp(prefix="slurmddp-ranks-"))
+    procs = []
+    for r in range(world):
+        out, err = (open(logs / f"{r}.{kind}", "w+") for kind in ("out", "err"))  # noqa: SIM115
+        procs.append((subprocess.Popen(
+            [sys.executable, "-m", "slurmddp.run", program, "--checkpoint-dir", str(checkpoints),
+             *args], stdout=out, stderr=err, text=True,
+            env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=port, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
+                                  **env)), out, err))  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p, _, _ in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        hung = [p for p, _, _ in procs if p.poll() is None]
+        if hung:
+            for p, _, _ in procs:
+                _abort_tree(p.pid)
+            time.sleep(2)
+        texts = []
+        for p, out, err in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            with out, err:
+                out.seek(0)
+                err.seek(0)
+                texts.append((p.returncode, out.read(), err.read()))
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    assert not hung, "ranks hung; their stacks:\n" + "\n".join(
+        f"--- rank {r} ({code}):\n{err}" for r, (code, _, err) in enumerate(texts))
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        results += tagged_json(out, "RESULT ")
-        assert p.returncode in (0, 75), err  # 75: stopped and checkpointed, outside Slurm
+    for code, stdout, stderr in texts:
+        results += tagged_json(stdout, "RESULT ")
+        assert code in (0, 75), stderr  # 75: stopped and checkpointed, outside Slurm
     return results
+
+
+def _abort_tree(pid: int) -> None:
+    """SIGABRT to `pid` and every process under it (DataLoader workers), children first."""
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                              text=True).stdout.split()  # fmt: skip
+    for child in children:
+        _abort_tree(int(child))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGABRT)
+
+
+def test_ranks_that_hang_fail_the_test_with_every_process_stack(tmp_path):
+    program = tmp_path / "hang.py"
+    program.write_text("import os, time\n"
+                       "if os.environ['RANK'] == '1':\n"
+                       "    time.sleep(600)\n")  # fmt: skip
+    with pytest.raises(AssertionError, match=r"(?s)ranks hung.*rank 1 .*in <module>"):
+        run_ranks(str(program), tmp_path, world=2, timeout=5)
 
 
 def test_the_readme_loop_resumes_bitwise_without_a_call_to_prime_ddp(tmp_path):
