@@ -57,39 +57,43 @@ def test_every_page_under_docs_is_built(site):
 
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """(anchor of its section in the CLI reference, parser) of every command."""
     parser, _ = build_parser()
     found = [("slurmddp", parser)]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            found += [(f"slurmddp {name}", p) for name, p in action.choices.items()]
-    return [*found, ("python -m slurmddp.run", runner.build_parser())]
+            found += [(f"slurmddp-{name}", p) for name, p in action.choices.items()]
+    return [*found, ("slurmddp-run", runner.build_parser())]  # `slurmddp run` parses its own
 
 
-def test_every_option_of_every_command_is_in_the_cli_reference(site):
-    cli = text_of(page(site, "reference/cli"))
-    missing = [f"{name} {flag}" for name, parser in _parsers() for action in parser._actions
-               for flag in action.option_strings if flag not in ("-h", "--help")
-               and not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", cli)]  # fmt: skip
-    assert not missing, f"the command-line reference lacks {missing}"
-    for name, _ in _parsers()[1:-1]:
-        assert f'id="{name.replace(" ", "-")}"' in page(site, "reference/cli"), name
+def _section(site: Path, anchor: str) -> str:
+    return page(site, "reference/cli").split(f'id="{anchor}"', 1)[1].split("<h2", 1)[0]
 
 
 def _rows(section: str) -> dict[str, list[str]]:
-    """The cells of a reference table's rows, by the row's first flag."""
+    """The cells of a reference table's rows, by each flag of the row's first cell."""
     rows = {}
     for row in re.findall(r"<tr>(.*?)</tr>", section, re.S):
         cells = [text_of(c).strip() for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
-        if cells:
-            rows[cells[0].split()[0].rstrip(",")] = cells
+        for flag in re.findall(r"(?<![\w-])--?[\w-]+", cells[0] if cells else ""):
+            rows[flag] = cells
     return rows
+
+
+def test_every_option_of_every_command_has_its_row_in_the_cli_reference(site):
+    missing = []
+    for anchor, parser in _parsers():
+        rows = _rows(_section(site, anchor))
+        missing += [f"{anchor}: {flag}" for action in parser._actions
+                    for flag in action.option_strings
+                    if flag not in ("-h", "--help") and flag not in rows]  # fmt: skip
+    assert not missing, f"the command-line reference lacks {missing}"
 
 
 def test_every_job_option_has_its_default_key_and_check_in_its_row(site):
     from slurmddp.batch import options
 
-    section = page(site, "reference/cli").split('id="slurmddp-submit"', 1)[1].split("<h2", 1)[0]
-    rows = _rows(section)
+    rows = _rows(_section(site, "slurmddp-submit"))
     for opt in options.OPTIONS:
         _, _, default, key, check = rows[opt.flag]
         assert key == (opt.key if opt.config else "—"), opt.flag
