@@ -1,4 +1,4 @@
-"""The public API, pinned: `slurmddp.__all__` and that of every module the README, the recipes and
+"""The public API, pinned: `slurmddp.__all__` and that of every module the README, the docs and
 the examples tell users to import, as literal lists, so that a name that moves or goes is a
 decision taken here, not an accident. The previous release's module paths still import, for one
 more release, with a DeprecationWarning naming the new path, and give the very same objects."""
