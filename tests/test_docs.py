@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.cli import build_parser, main, reference
+from slurmddp.cli import build_parser, links, main, reference
 from slurmddp.rank import runner
 from tests.conftest import ROOT
 from tests.test_public_api import PUBLIC
@@ -133,22 +133,22 @@ def _is_module(name: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("command", sorted(reference.PAGES))
+@pytest.mark.parametrize("command", sorted(links.PAGES))
 def test_every_help_links_to_a_page_and_anchor_the_site_has(site, command, capsys):
-    for url in re.findall(r"https?://\S+", reference.help_link(command)):
-        path, _, anchor = url.removeprefix(reference.DOCS_URL).partition("#")
+    for url in re.findall(r"https?://\S+", links.help_link(command)):
+        path, _, anchor = url.removeprefix(links.DOCS_URL).partition("#")
         target = page(site, path.rstrip("/") or ".")
         assert not anchor or f'id="{anchor}"' in target, url
     # And the command's --help says it, each URL whole on its line.
     argv = {"slurmddp": ["--help"], "run": ["run", "--help"]}.get(command, [command, "--help"])
     with pytest.raises(SystemExit):
         main(argv)
-    assert reference.help_link(command) in capsys.readouterr().out
+    assert links.help_link(command) in capsys.readouterr().out
 
 
 def test_a_centre_hosting_its_own_copy_gets_its_links(monkeypatch):
     monkeypatch.setenv("SLURMDDP_DOCS_URL", "https://docs.example.org/slurmddp")
-    assert reference.help_link("submit").startswith(
+    assert links.help_link("submit").startswith(
         "explained at: https://docs.example.org/slurmddp/guide/submitting/\n")
 
 

@@ -1,6 +1,7 @@
 """MkDocs hook: the generated pages' parts (``<!-- generated: NAME -->``) and the site's URL.
 
-The references and the URL ``--help`` links to come from slurmddp.cli.reference; the home page
+The references come from slurmddp.cli.reference, the URL ``--help`` links to from
+slurmddp.cli.links; the home page
 says what the README says, from the README (its links made the site's).
 """
 
@@ -10,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slurmddp.cli import reference
+from slurmddp.cli import links, reference
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -32,7 +33,7 @@ _MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.M)
 
 
 def on_config(config: Any) -> Any:
-    config.site_url = reference.docs_url()
+    config.site_url = links.docs_url()
     return config
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from slurmddp import __version__
-from slurmddp.cli.reference import help_link
+from slurmddp.cli.links import help_link
 from slurmddp.errors import Parser, reported
 
 

@@ -5,8 +5,8 @@ and, for the job's options, from their one table (`slurmddp.batch.options.OPTION
 configuration key, check), as TorchX renders its runopts; the environment variables come from
 their declarations in `slurmddp.protocol`. docs/hooks/reference.py puts both into the site as
 it is built (``<!-- generated: cli -->``, ``<!-- generated: environment -->``). Pure: it reads
-parsers and source, and imports neither torch nor anything that does (the runner's --help takes
-its link from here).
+parsers and source, and imports neither torch nor anything that does. The links themselves, which
+every rank's runner builds its --help with, live in slurmddp.cli.links (no option table).
 """
 
 from __future__ import annotations
@@ -14,45 +14,13 @@ from __future__ import annotations
 import argparse
 import html
 import inspect
-import os
 import re
 from collections.abc import Iterator
 
 from slurmddp import protocol
 from slurmddp.batch import options
 
-__all__ = ["DOCS_URL", "PAGES", "cli_markdown", "docs_url", "environment_markdown", "help_link"]
-
-# Where the site is published; a centre that hosts its own copy (compute nodes are often
-# offline) sets $SLURMDDP_DOCS_URL, and every --help link follows it.
-DOCS_URL = "https://slurmddp.readthedocs.io/en/latest/"
-
-# The page that explains each command, relative to the site's root: its --help ends with it.
-PAGES = {
-    "slurmddp": "",
-    "submit": "guide/submitting/",
-    "template": "recipes/plain-srun/",
-    "status": "guide/submitting/#following-a-job",
-    "logs": "guide/submitting/#following-a-job",
-    "cancel": "guide/submitting/#following-a-job",
-    "profiles": "recipes/centre-profiles/",
-    "doctor": "recipes/troubleshooting/",
-    "run": "guide/running/",
-}
-
-
-def docs_url() -> str:
-    """The site's root URL, ending in a slash."""
-    url = os.environ.get(protocol.DOCS_URL_VAR) or DOCS_URL
-    return url if url.endswith("/") else url + "/"
-
-
-def help_link(command: str) -> str:
-    """The closing lines of `command`'s --help: the page that explains it and its reference."""
-    anchor = "slurmddp" if command == "slurmddp" else f"slurmddp-{command}"
-    return (f"explained at: {docs_url()}{PAGES[command]}\n"
-            f"every option: {docs_url()}reference/cli/#{anchor}")  # fmt: skip
-
+__all__ = ["cli_markdown", "environment_markdown", "variables"]
 
 # -- the command-line reference --------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from slurmddp import errors
-from slurmddp.cli.reference import help_link
+from slurmddp.cli.links import help_link
 from slurmddp.errors import EnvError, Parser, UserError, fail, one_line, report, reported
 from slurmddp.preemption import api as preemption
 from slurmddp.protocol import (
