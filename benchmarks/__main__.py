@@ -31,7 +31,7 @@ BENCHMARKS = {
     "hostlist": lambda o: hostlist_speed.run(repeats=o.repeats),
     "data": lambda o: data_loading.run(repeats=o.repeats),
     "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
-    "snapshot": lambda o: snapshot.run(o.repeats),
+    "snapshot": lambda o: snapshot.run(o.repeats, device=o.device),
 }
 
 
@@ -41,7 +41,8 @@ def main() -> None:
                    help=f"which to run: {', '.join(BENCHMARKS)} (default: all)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--size-mib", type=int, default=1024, help="checkpoint size")
-    p.add_argument("--device", default="cpu", help="checkpoint: where the state lives, cpu or cuda")
+    p.add_argument("--device", default="cpu",
+                   help="checkpoint, snapshot: where the state lives, cpu or cuda")  # fmt: skip
     p.add_argument("--json", type=Path, default=Path("benchmarks/results.json"))
     opts = p.parse_args()
     rows = [row for name in (opts.names or BENCHMARKS) for row in BENCHMARKS[name](opts)]

@@ -43,23 +43,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _steps_per_second(*args: str) -> float:
+def _steps_per_second(*args: str, ranks: int = 2) -> float:
     port = str(_free_port())
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI_", "PMI"))}
     with tempfile.TemporaryDirectory(prefix="slurmddp-bench-shm-", dir="/dev/shm") as shm:
         procs = [
             subprocess.Popen([sys.executable, "-m", "slurmddp.run", PROGRAM, *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             env=base | {"RANK": str(r), "WORLD_SIZE": "2",
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=base | {"RANK": str(r), "WORLD_SIZE": str(ranks),
                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                                          "OMP_NUM_THREADS": "1", "SLURMD_NODENAME": f"n{r + 1}",
                                          "SLURMDDP_SNAPSHOT_DIR": shm})
-            for r in range(2)
+            for r in range(ranks)
         ]  # fmt: skip
-        outs = [p.communicate(timeout=1800)[0] for p in procs]
+        outs = [p.communicate(timeout=1800) for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"the training loop failed: {outs}")
-    return float(outs[0].split("STEPS_PER_S ", 1)[1])
+        raise RuntimeError(f"the training loop failed: {[err[-2000:] for _, err in outs]}")
+    return float(outs[0][0].split("STEPS_PER_S ", 1)[1])
 
 
 def cost(repeats: int, steps: int = 1000, large: bool = True) -> list[Row]:
@@ -160,7 +160,38 @@ def node_lost(repeats: int) -> list[Row]:
     ]  # fmt: skip
 
 
-def run(repeats: int = 3, cluster: bool = True) -> list[Row]:
+def cost_on_gpu(repeats: int, steps: int = 1000) -> list[Row]:
+    """The cost rows with the state on one GPU: one rank (NCCL; one GPU takes one rank), so its
+    snapshots are written to its node's store and not replicated."""
+    n, gpu = str(steps), ("--device", "cuda")
+
+    def rate(*args: str) -> float:
+        return _steps_per_second(*gpu, *args, ranks=1)
+
+    small = alternate({
+        "every": lambda: rate("--steps", n, "--snapshot-every", "1"),
+        "none": lambda: rate("--steps", n, "--snapshot-every", "0"),
+    }, repeats)  # fmt: skip
+    big = ["--width", "8192", "--layers", "5", "--steps", "20", "--warmup", "3", "--keep", "1"]
+    gib = alternate({
+        "every": lambda: rate(*big, "--snapshot-every", "1"),
+        "tenth": lambda: rate(*big, "--snapshot-every", "10"),
+        "none": lambda: rate(*big, "--snapshot-every", "0"),
+    }, repeats)  # fmt: skip
+    label = "no snapshot"
+    return [
+        Row("snapshot", "steps/s on a GPU, a snapshot every step (0.5 MiB, 1 rank)",
+            small["every"], small["none"], "steps/s", label, ">= 0.97"),
+        Row("snapshot", "steps/s on a GPU, a snapshot every step at a 1 GiB state (1 rank)",
+            gib["every"], gib["none"], "steps/s", label),
+        Row("snapshot", "steps/s on a GPU, a snapshot every 10 steps at a 1 GiB state (1 rank)",
+            gib["tenth"], gib["none"], "steps/s", label),
+    ]  # fmt: skip
+
+
+def run(repeats: int = 3, cluster: bool = True, device: str = "cpu") -> list[Row]:
+    if device == "cuda":
+        return cost_on_gpu(repeats)
     return cost(repeats) + (node_lost(max(1, repeats // 3)) if cluster else [])
 
 
@@ -168,9 +199,11 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.snapshot")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-cluster", action="store_true", help="only the cost rows")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: the cost rows with the state on a GPU, one rank")  # fmt: skip
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
-    report(run(opts.repeats, not opts.no_cluster), opts.json)
+    report(run(opts.repeats, not opts.no_cluster, opts.device), opts.json)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ communicator, CUDA tensors and the device binding. Without a CUDA GPU every test
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -299,12 +300,19 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
                     multiprocessing_context="fork")  # the workers never touch CUDA
-ckpt = Checkpointer(D + "/data", async_save=False)
+ckpt = Checkpointer(D + "/data", async_save=False,
+                    snapshot_every=int(os.environ.get("SNAPSHOT_EVERY", "0")))
+crash_at = int(os.environ.get("CRASH_AT", "0"))
 step, first = 0, 0
 if mode == "resume":
-    got = train_state.restore(ckpt.load_latest().state, model=model, optimizer=opt,
-                              loader=loader)
+    loaded = ckpt.load_latest()
+    got = train_state.restore(loaded.state, model=model, optimizer=opt, loader=loader)
     step, first = got["step"], got["epoch"]
+    out["resumed"] = str(loaded.path)
+
+def state():
+    return train_state.capture(model=model, optimizer=opt, loader=loader, step=step, epoch=epoch)
+
 for epoch in range(first, 3):
     for x, y in loader:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -313,30 +321,53 @@ for epoch in range(first, 3):
         loss.backward()
         opt.step()
         step += 1
+        ckpt.snapshot(step, state)
         if mode == "full" and step == save_at:
-            ckpt.save(step, train_state.capture(model=model, optimizer=opt, loader=loader,
-                                                step=step, epoch=epoch))
+            ckpt.save(step, state())
+        if mode == "full" and step == crash_at:
+            os.kill(os.getpid(), 9)
 digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
 out.update(digest=digest.hexdigest(), step=step)
 """
 
 
-def run_data_loop(directory: Path, mode: str, **env: str) -> dict:
+def run_data_loop(directory: Path, mode: str, killed: bool = False, **env: str) -> dict:
     program = (PRELUDE + textwrap.dedent(CUDA_DATA_LOOP)
                + "\nprint('RESULT', json.dumps(out), flush=True)\ntd.destroy_process_group()\n")
     r = subprocess.run([sys.executable, "-c", program, mode, "17"], capture_output=True,
                        text=True, timeout=300,
                        env=rank_env(WORK_DIR=str(directory), **env))  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert r.returncode == (-9 if killed else 0), r.stdout + r.stderr
+    return {} if killed else {**json.loads(r.stdout.split("RESULT ", 1)[1]), "said": r.stderr}
+
+
+def same_run(result: dict) -> dict:
+    return {k: result[k] for k in ("digest", "step")}
 
 
 def test_a_resumed_cuda_loop_with_dropout_and_augmenting_workers_is_bitwise(tmp_path):
     full = run_data_loop(tmp_path / "a", "full")
-    assert full["step"] == 36 and run_data_loop(tmp_path / "a", "resume") == full
+    assert full["step"] == 36 and same_run(run_data_loop(tmp_path / "a", "resume")) == same_run(
+        full)  # fmt: skip
     # The control: torch's own loader seeding drifts.
     control = run_data_loop(tmp_path / "b", "full", SLURMDDP_EXACT_DATA="0")
-    assert run_data_loop(tmp_path / "b", "resume", SLURMDDP_EXACT_DATA="0") != control
+    assert run_data_loop(tmp_path / "b", "resume", SLURMDDP_EXACT_DATA="0")["digest"] != (
+        control["digest"])
+
+
+def test_a_rank_killed_resumes_from_its_cuda_snapshot_bitwise(tmp_path):
+    # Issue 30 on a GPU: the same loop with a snapshot every step (its GPU tensors queued into
+    # pinned memory behind the step), killed at step 27, ten after its durable checkpoint; a fresh
+    # process on the same node resumes from a snapshot, not the checkpoint, and ends bitwise.
+    full = run_data_loop(tmp_path / "full", "full")
+    node = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path / "shm"), "SLURM_JOB_ID": "91",
+            "SLURMD_NODENAME": "g1", "SNAPSHOT_EVERY": "1"}  # fmt: skip
+    run_data_loop(tmp_path / "a", "full", killed=True, CRASH_AT="27", **node)
+    resumed = run_data_loop(tmp_path / "a", "resume", **node)
+    # Killed as step 27's snapshot was being written: it, or step 26's, is whole.
+    assert re.search(r"resuming from the snapshot of step 2[67] ", resumed["said"]), (
+        resumed["said"])
+    assert "g1" in resumed["resumed"] and same_run(resumed) == same_run(full)
 
 
 def test_doctor_check_passes_on_nccl():

@@ -4,6 +4,7 @@ every N steps, for the snapshot benchmark; prints rank 0's steps per second.
     --snapshot-every 0   the baseline: the same loop, the same Checkpointer, no snapshot
     --width W            the hidden layers' width: 256 is the training benchmark's model (0.5 MiB
                          of parameters), 8192 x --layers 4 about 1 GiB
+    --device cuda        the model and its data on the rank's GPU (NCCL), else the CPU (gloo)
 """
 
 import argparse
@@ -24,16 +25,27 @@ p.add_argument("--width", type=int, default=256)
 p.add_argument("--layers", type=int, default=2)
 p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--keep", type=int, default=2, help="snapshot_keep")
+p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 args = p.parse_args()
 
-dist = slurmddp.init("gloo")
+dist = slurmddp.init("gloo" if args.device == "cpu" else "nccl")
+device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else None
 torch.manual_seed(0)
 layers = [torch.nn.Linear(256, args.width), torch.nn.ReLU()]
 for _ in range(args.layers - 1):
     layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
-model = DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)))
+model = DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(args.width, 1)).to(
+    device))  # fmt: skip
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(64, 256), torch.randn(64, 1)
+x, y = torch.randn(64, 256, device=device), torch.randn(64, 1, device=device)
+
+
+def synchronized() -> None:  # a clock read after the GPU's queued work has run
+    ckpt.wait()
+    if device is not None:
+        torch.cuda.synchronize()
+    torch.distributed.barrier()
+
 ckpt = slurmddp.Checkpointer(tempfile.mkdtemp(prefix="slurmddp-bench-"),
                              snapshot_every=args.snapshot_every, snapshot_keep=args.keep)
 
@@ -52,14 +64,12 @@ def one_step() -> None:
 for step in range(1, 1 + args.warmup):  # warm-up: buckets, allocator, the first snapshots
     one_step()
     ckpt.snapshot(step, state)
-ckpt.wait()
-torch.distributed.barrier()
+synchronized()
 start = time.perf_counter()
 for step in range(1 + args.warmup, 1 + args.warmup + args.steps):
     one_step()
     ckpt.snapshot(step, state)
-ckpt.wait()
-torch.distributed.barrier()
+synchronized()
 if dist.rank == 0:
     print(f"STEPS_PER_S {args.steps / (time.perf_counter() - start)}", flush=True)
 slurmddp.mark_done()

@@ -19,7 +19,8 @@ Concepts:
 - **Replica** (`plan.replica_keepers`): each shard also goes to a rank of the next node, which
   keeps it in its own store; losing any one node leaves a complete set.
 - **Taking** (`snapshotter.Snapshots.take`): the state's tensors are copied to CPU memory at the
-  call (GPU ones through pinned buffers); serialising, writing and sending happen in a thread,
+  call (GPU ones into pinned buffers, queued on their streams behind the step that made them, so
+  the call does not wait for the GPU); checksumming, writing and sending happen in a thread,
   on a gloo group of its own, while training goes on. The `keep` newest steps stay, so a failure
   during a snapshot leaves the one before it complete.
 - **Recovery** (`plan.choose`): at `load_latest`, the ranks pool what their nodes hold, take the

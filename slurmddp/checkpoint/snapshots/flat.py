@@ -4,10 +4,10 @@
     every tensor's bytes, each at a multiple of 64
 
 One buffer, filled by one copy per tensor on the caller's thread (GPU tensors through pinned
-memory, without blocking until the last), is what the background thread checksums, writes and
-sends as it is: no serializer runs beside the training and holds the interpreter. Loading
-rebuilds plain values, containers and dense tensors from the header, so a snapshot file, like a
-checkpoint, never runs code.
+memory, queued on their streams without waiting for them), is what the background thread
+checksums, writes and sends as it is: no serializer runs beside the training and holds the
+interpreter. Loading rebuilds plain values, containers and dense tensors from the header, so a
+snapshot file, like a checkpoint, never runs code.
 """
 
 from __future__ import annotations
@@ -53,6 +53,16 @@ class Buffer:
 def pack(state: Mapping[str, Any], buffer: Buffer) -> tuple[torch.Tensor, int]:
     """Lay `state` into `buffer`; (its tensor, the size used). The copies of GPU tensors have
     finished when it returns."""
+    flat, size, copied = pack_async(state, buffer)
+    copied()
+    return flat, size
+
+
+def pack_async(state: Mapping[str, Any],
+               buffer: Buffer) -> tuple[torch.Tensor, int, Callable[[], None]]:  # fmt: skip
+    """`pack`, with the copies of GPU tensors left running on their streams: the third value
+    waits for them. Work the caller queues on those streams afterwards runs after the copies, so
+    they take the state as it was at the call, and the training never waits for the GPU here."""
     tensors: list[torch.Tensor] = []
     offsets: dict[int, int] = {}
     end = 0
@@ -98,16 +108,22 @@ def pack(state: Mapping[str, Any], buffer: Buffer) -> tuple[torch.Tensor, int]:
     flat[len(MAGIC) : _PREFIX] = torch.frombuffer(bytearray(len(header).to_bytes(8, "little")),
                                                   dtype=torch.uint8)  # fmt: skip
     flat[_PREFIX : _PREFIX + len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
-    cuda = False
+    streams: dict[torch.device, Any] = {}
     for tensor in tensors:
         offset = start + offsets[id(tensor)]
         size = tensor.numel() * tensor.element_size()
         target = flat[offset : offset + size].view(tensor.dtype).view(tensor.shape)
-        target.copy_(tensor.detach(), non_blocking=tensor.device.type == "cuda")
-        cuda = cuda or tensor.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    return flat, start + end
+        gpu = tensor.device.type == "cuda"
+        target.copy_(tensor.detach(), non_blocking=gpu)
+        if gpu and tensor.device not in streams:
+            streams[tensor.device] = torch.cuda.current_stream(tensor.device)
+    events = [stream.record_event() for stream in streams.values()]
+
+    def copied() -> None:
+        for event in events:
+            event.synchronize()
+
+    return flat, start + end, copied
 
 
 def unpack(data: bytes | bytearray | memoryview, map_location: Any = "cpu") -> dict:

@@ -10,7 +10,7 @@ import sys
 import time
 import weakref
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from slurmddp.checkpoint import inflight, ranks
 from slurmddp.checkpoint.background import Worker
 from slurmddp.checkpoint.loading import Checkpoint
 from slurmddp.checkpoint.snapshots import peers, plan
-from slurmddp.checkpoint.snapshots.flat import Buffer, pack, unpack
+from slurmddp.checkpoint.snapshots.flat import Buffer, pack_async, unpack
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_name
 from slurmddp.errors import one_line
 
@@ -52,12 +52,13 @@ class Snapshots:
         return self.every > 0 and step % self.every == 0
 
     def take(self, step: int, state: Mapping[str, Any]) -> None:
-        """Lay `state` into this rank's buffer now (its tensors copied); write and replicate it
-        in the background (the previous snapshot is finished first)."""
+        """Lay `state` into this rank's buffer now (CPU tensors copied, GPU ones queued on their
+        streams); write and replicate it in the background (the previous snapshot is finished
+        first)."""
         self._setup()
         self.settle()
-        flat, size = pack(state, self._buffer)
-        self._worker.submit(self._write, step, flat, size)
+        flat, size, copied = pack_async(state, self._buffer)
+        self._worker.submit(self._write, step, flat, size, copied)
         self._order = inflight.register(self)
 
     def settle(self) -> None:
@@ -104,8 +105,10 @@ class Snapshots:
         self._keeper = keepers.get(rank)
         self._senders = sorted(r for r, k in keepers.items() if k == rank)
 
-    def _write(self, step: int, flat: torch.Tensor, size: int) -> None:
+    def _write(self, step: int, flat: torch.Tensor, size: int,
+               copied: Callable[[], None]) -> None:  # fmt: skip
         try:
+            copied()  # the GPU tensors' copies, queued behind the step that made them
             data = self._buffer.view(size)
             rank, world = dist.rank(), max(dist.group_size(), 1)
             shard = Shard(step, rank, world, zlib.crc32(data), size)
