@@ -33,6 +33,9 @@ def main() -> int:
     p.add_argument("--save-every", type=int, default=100, help="also checkpoint every N steps")
     p.add_argument("--snapshot-every", type=int, default=0,
                    help="keep a snapshot every N steps in the nodes' memory (0: none)")
+    p.add_argument("--snapshot-budget", help="the most of the training's time snapshots may "
+                   "take, as a fraction (default: the Checkpointer's); none: every "
+                   "--snapshot-every steps whatever they cost")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of extra work per step")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
@@ -63,7 +66,10 @@ def main() -> int:
                         multiprocessing_context=args.worker_start if args.workers else None,
                         persistent_workers=args.workers > 0)  # fmt: skip
     # With snapshots, a lost node or a killed worker costs the steps since the last one.
-    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2, snapshot_every=args.snapshot_every)
+    budget = {} if args.snapshot_budget is None else {
+        "snapshot_budget": None if args.snapshot_budget == "none" else float(args.snapshot_budget)}
+    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2, snapshot_every=args.snapshot_every,
+                                 **budget)
 
     step, epoch, position = 0, 0, 0
     loaded = ckpt.load_latest()

@@ -301,7 +301,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loader = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
                     multiprocessing_context="fork")  # the workers never touch CUDA
 ckpt = Checkpointer(D + "/data", async_save=False,
-                    snapshot_every=int(os.environ.get("SNAPSHOT_EVERY", "0")))
+                    snapshot_every=int(os.environ.get("SNAPSHOT_EVERY", "0")), snapshot_budget=None)
 crash_at = int(os.environ.get("CRASH_AT", "0"))
 step, first = 0, 0
 if mode == "resume":

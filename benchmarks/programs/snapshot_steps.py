@@ -26,6 +26,8 @@ p.add_argument("--layers", type=int, default=2)
 p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--keep", type=int, default=2, help="snapshot_keep")
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+p.add_argument("--budget", default="default",
+               help="snapshot_budget: a fraction, none, or default (the Checkpointer's)")
 args = p.parse_args()
 
 dist = slurmddp.init("gloo" if args.device == "cpu" else "nccl")
@@ -46,8 +48,11 @@ def synchronized() -> None:  # a clock read after the GPU's queued work has run
         torch.cuda.synchronize()
     torch.distributed.barrier()
 
+budget = {} if args.budget == "default" else {
+    "snapshot_budget": None if args.budget == "none" else float(args.budget)}
 ckpt = slurmddp.Checkpointer(tempfile.mkdtemp(prefix="slurmddp-bench-"),
-                             snapshot_every=args.snapshot_every, snapshot_keep=args.keep)
+                             snapshot_every=args.snapshot_every, snapshot_keep=args.keep,
+                             **budget)  # fmt: skip
 
 
 def state() -> dict:
@@ -72,6 +77,7 @@ for step in range(1 + args.warmup, 1 + args.warmup + args.steps):
 synchronized()
 if dist.rank == 0:
     print(f"STEPS_PER_S {args.steps / (time.perf_counter() - start)}", flush=True)
+    print(f"INTERVAL {ckpt.snapshot_interval}", flush=True)
 slurmddp.mark_done()
 torch.distributed.destroy_process_group()
 os._exit(0)

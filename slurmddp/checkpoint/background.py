@@ -58,6 +58,9 @@ class Worker:
         self._idle.set()
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
+    def idle(self) -> bool:
+        return self._idle.is_set()
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if not self._idle.is_set():
             raise RuntimeError("Worker.submit while a call runs: wait() first")

@@ -50,7 +50,10 @@ class Checkpointer:
     every N-th step's state in the memory of this rank's node and of the next node
     (`slurmddp.checkpoint.snapshots`), the `snapshot_keep` newest; `load_latest` then resumes
     from the newest complete snapshot when it is newer than the durable checkpoint. A lost node
-    or a restarted worker costs the steps since the last snapshot.
+    or a restarted worker costs the steps since the last snapshot. They are spaced wider (by
+    multiples of N, the same on every rank) when they would take more than `snapshot_budget` of
+    the training's time (default 2%; None: every N-th step whatever it costs);
+    `snapshot_interval` says the spacing in use.
     """
 
     def __init__(
@@ -63,12 +66,19 @@ class Checkpointer:
         verify: bool = True,
         snapshot_every: int = 0,
         snapshot_keep: int = 2,
+        snapshot_budget: float | None = 0.02,
     ) -> None:
         for name, value, least in (("keep", keep, 1), ("snapshot_every", snapshot_every, 0),
                                    ("snapshot_keep", snapshot_keep, 1)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 kind = "a positive integer" if least else "an integer >= 0"
                 raise ValueError(f"{name} must be {kind}, not {value!r}")
+        if snapshot_budget is not None and (
+                isinstance(snapshot_budget, bool) or not isinstance(snapshot_budget, int | float)
+                or not 0 < snapshot_budget < 1):  # fmt: skip
+            raise ValueError(f"snapshot_budget must be a fraction of the training's time "
+                             f"between 0 and 1 (0.02 is 2%), or None for no limit, not "
+                             f"{snapshot_budget!r}")  # fmt: skip
         if sharded and snapshot_every:
             raise ValueError("snapshots keep replicated states only: use snapshot_every with "
                              "sharded=False, or durable sharded checkpoints alone")  # fmt: skip
@@ -80,8 +90,8 @@ class Checkpointer:
         self._mode = modes.choose(layout.Directory(self.directory, keep), sharded=sharded,
                                   async_save=async_save)  # fmt: skip
         self._started: tuple[int, float] | None = None  # the save in flight: step, start
-        self._snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep) if snapshot_every \
-            else None  # fmt: skip
+        self._snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
+            if snapshot_every else None  # fmt: skip
         self._snapshot_checked = False
         # At start-up: the stop protocol's deadline leaves room for a save as long as the last.
         saved = layout.read_save_time(self.directory)
@@ -110,12 +120,19 @@ class Checkpointer:
         if not self.async_save:
             self._saved()
 
+    @property
+    def snapshot_interval(self) -> int:
+        """The steps between snapshots now: `snapshot_every`, or a multiple of it that keeps them
+        within `snapshot_budget`; 0 without snapshots."""
+        return self._snapshots.interval if self._snapshots is not None else 0
+
     def snapshot(self, step: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
                  ) -> None:  # fmt: skip
-        """Keep `state` as step `step`'s snapshot when `step` is a multiple of `snapshot_every`;
-        collective, call it after every step. `state` may be a function returning it (called only
-        then); `train_state.capture` inside it keeps this rank's own random state without the
-        gather a durable save needs. Without snapshot_every, nothing."""
+        """Keep `state` as step `step`'s snapshot when one is due (`snapshot_interval` steps
+        after the last, at a multiple of `snapshot_every`); collective, call it after every step.
+        `state` may be a function returning it (called only then); `train_state.capture` inside
+        it keeps this rank's own random state without the gather a durable save needs. Without
+        snapshot_every, nothing."""
         if self._snapshots is None:
             return
         refusal = check_step(step)

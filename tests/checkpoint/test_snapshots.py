@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 
 from slurmddp import Checkpointer
 from slurmddp.checkpoint.snapshots import flat, plan, store
+from slurmddp.checkpoint.snapshots.pace import Pace
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard
 from slurmddp.errors import CheckpointError
 from tests.conftest import launcher_free_env, tagged_json
@@ -124,6 +126,58 @@ def test_a_damaged_snapshot_is_refused_and_runs_nothing(damage, error):
 # -- the node store -------------------------------------------------------------------------------
 
 
+MS = 1e-3
+
+
+PLAIN = [(10 * MS, False)] * 3
+
+
+@pytest.mark.parametrize(("every", "budget", "before", "after", "took", "needed"), [
+    # 1 ms at the call, plain steps of 10 ms, 2%: 1 x 0.98 / (0.02 x 10) = 4.9 -> 5 steps
+    (1, 0.02, PLAIN, [], 1 * MS, 5),
+    (2, 0.02, PLAIN, [], 1 * MS, 6),  # a multiple of every
+    (1, 0.5, PLAIN, [], 1 * MS, 1),  # within the budget: every step
+    (3, None, PLAIN, [], 9 * MS, 3),  # no budget: every, whatever it costs
+    # the three steps after a snapshot (its thread running beside the first) are 6 ms slower in
+    # all: 7 ms, 34.3 -> 35 steps; later steps count as plain ones
+    (1, 0.02, PLAIN, [(14 * MS, True), (12 * MS, False), (10 * MS, False), (10 * MS, False)],
+     1 * MS, 35),
+    # still beside the snapshot after three steps: near it
+    (1, 0.02, PLAIN, [(10 * MS, True)] * 3 + [(12 * MS, True)], 1 * MS, 15),
+    # no plain step seen yet: the quickest step near a snapshot stands for one
+    (1, 0.02, [], [(12 * MS, True), (10 * MS, True)], 1 * MS, 15),
+])
+def test_snapshots_are_spaced_to_keep_their_cost_within_the_budget(every, budget, before, after,
+                                                                     took, needed):  # fmt: skip
+    pace = Pace(every, budget)
+    for seconds, beside in before:
+        pace.stepped(seconds, beside)
+    pace.taken(every, agreed=every)
+    pace.took(took)
+    for seconds, beside in after:
+        pace.stepped(seconds, beside)
+    assert pace.needed() == needed
+
+
+def test_the_agreed_interval_applies_from_the_snapshot_taken():
+    pace = Pace(2, 0.02)
+    assert [s for s in range(1, 7) if pace.due(s)] == [2, 4, 6]  # before the first snapshot
+    pace.taken(4, agreed=6)
+    assert pace.interval == 6 and [s for s in range(1, 20) if pace.due(s)] == [10, 12, 14, 16, 18]
+    pace.taken(10, agreed=1)  # never below every
+    assert pace.interval == 2 and pace.next == 12
+
+
+def test_a_snapshots_cost_is_averaged_over_cycles():
+    pace = Pace(1, 0.02)
+    for took in (1 * MS, 11 * MS):
+        pace.stepped(10 * MS, False)  # the first step, plain; then a snapshot
+        pace.taken(1, agreed=1)
+        pace.took(took)
+        pace.needed()
+    assert pace.snapshot_cost == pytest.approx(4 * MS)  # 1 + 0.3 x (11 - 1)
+
+
 def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tmp_path):
     node = NodeStore(tmp_path / "n1")
     written = [Shard(step, rank, 4, step + rank, 3) for step in (3, 4, 5) for rank in (0, 2)]
@@ -160,14 +214,22 @@ def test_snapshot_arguments_are_checked(tmp_path):
         Checkpointer(tmp_path, snapshot_every=1, snapshot_keep=0)
     with pytest.raises(ValueError, match="snapshots keep replicated states only"):
         Checkpointer(tmp_path, snapshot_every=1, sharded=True)
+    for budget in (0, 1, 2.5, -0.1, True, "2%"):
+        with pytest.raises(ValueError, match=r"snapshot_budget must be a fraction of the "
+                           r"training's time between 0 and 1 \(0.02 is 2%\), or None for no "
+                           rf"limit, not {re.escape(repr(budget))}$"):  # fmt: skip
+            Checkpointer(tmp_path, snapshot_every=1, snapshot_budget=budget)
+    assert Checkpointer(tmp_path, snapshot_every=1, snapshot_budget=None).snapshot_interval == 1
+    assert Checkpointer(tmp_path, snapshot_budget=0.5).snapshot_interval == 0  # no snapshots
     Checkpointer(tmp_path).snapshot(1, {"a": 1})  # without snapshot_every: nothing
     assert not list(tmp_path.iterdir())
 
 
 # -- the guide's loop, killed ---------------------------------------------------------------------
 
-# 2 DataLoader workers (fork) augmenting with torch, numpy and random; 6 epochs of 3 steps.
-LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6"]
+# 2 DataLoader workers (fork) augmenting with torch, numpy and random; 6 epochs of 3 steps;
+# snapshots every --snapshot-every steps whatever they cost (the tests count steps).
+LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6", "--snapshot-budget", "none"]
 TWO_NODES = ["n1", "n1", "n2", "n2"]
 
 
@@ -285,3 +347,18 @@ def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
                               "--snapshot-every", "1")  # fmt: skip
     assert "resuming from the snapshot of step" in said and "0 of 2 shards fetched" in said
     assert len(results) == 2 and {r["start"] for r in results} <= {9, 10}, results
+
+
+def test_snapshots_over_their_budget_are_spaced_alike_on_every_rank(tmp_path, uninterrupted):
+    # A budget no snapshot fits (0.01% of the time): after the first three (the interval agreed
+    # in a snapshot's thread applies from the one after the next) the ranks agree to space them
+    # out; killed at step 10, all four resume from step 3's, the newest they all took, bitwise.
+    fast = ["--snapshot-every", "1", "--snapshot-budget", "0.0001"]
+    ended, said = run_world(tmp_path, TWO_NODES, *fast, "--crash-at", "10")
+    assert ended == []
+    results, said = run_world(tmp_path, TWO_NODES, *fast)
+    assert {r["start"] for r in results} == {3}, results
+    assert "resuming from the snapshot of step 3 " in said, said
+    assert re.search(r"snapshots every \d+ steps rather than every 1: one takes [\d.]+ ms from "
+                     r"training, against steps of [\d.]+ ms, over the budget of 0.01%", said), said
+    assert {r["digest"] for r in results} == {uninterrupted}

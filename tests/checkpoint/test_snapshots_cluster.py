@@ -44,7 +44,9 @@ from tests.test_elastic_cluster import (
 pytestmark = [pytest.mark.cluster, pytest.mark.snapshots]
 
 RESUMABLE = str(ROOT / "examples" / "resumable_train.py")
-SNAPSHOTS = ["--snapshot-every", "1", "--save-every", "1000", "--log-every", "1"]
+# Every step, whatever it costs: the tests count the steps a loss costs.
+SNAPSHOTS = ["--snapshot-every", "1", "--snapshot-budget", "none", "--save-every", "1000",
+             "--log-every", "1"]  # fmt: skip
 
 
 def last_step_before_recovery(job: Job) -> int:
@@ -153,7 +155,8 @@ def loop_job(cluster, tmp_path: Path, *args: str, hold: bool = False) -> Job:
         "--nodes", "2", "--ntasks-per-node", "2", "--launcher", "torchrun", "--max-restarts", "1",
         "--sbatch-arg=--nodelist=n[1-2]", *(["--sbatch-arg=--hold"] if hold else []),
         "--env", "OMP_NUM_THREADS=1", "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}",
-        PROGRAM, *LOOP, "--snapshot-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        PROGRAM, *LOOP, "--snapshot-every", "1", "--snapshot-budget", "none", "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
         *args,
     ])  # fmt: skip
 

@@ -76,6 +76,8 @@ def main() -> None:
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--prefetch", type=int)
     p.add_argument("--snapshot-every", type=int, default=0)
+    p.add_argument("--snapshot-budget", default="default",
+                   help="a fraction, none (every --snapshot-every steps), or the default")
     p.add_argument("--crash-at", type=int)
     p.add_argument("--save-every", type=int, default=0, help="durable checkpoints every N steps")
     p.add_argument("--die-in-snapshot", type=int,
@@ -109,7 +111,10 @@ def main() -> None:
     first_run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # torchrun's restarts
 
     # ---- the guide's loop, with the loader ----
-    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=3, snapshot_every=args.snapshot_every)
+    budget = {} if args.snapshot_budget == "default" else {
+        "snapshot_budget": None if args.snapshot_budget == "none" else float(args.snapshot_budget)}
+    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=3, snapshot_every=args.snapshot_every,
+                                 **budget)
     loaded = ckpt.load_latest()
     step, first_epoch = 0, 0
     if loaded:

@@ -10,7 +10,8 @@ since the last durable checkpoint.
 
 Concepts:
 
-- **Shard**: one rank's state at one step, as ``torch.save`` writes it. Every rank keeps its own
+- **Shard**: one rank's state at one step, in `flat`'s format (a JSON tree and the tensors'
+  bytes; no pickle). Every rank keeps its own
   (its random generators, its data position), so that a rank put in another's place resumes
   exactly as that one would have.
 - **Node store** (`store`): a directory on the node, in /dev/shm unless ``$SLURMDDP_SNAPSHOT_DIR``
@@ -23,6 +24,9 @@ Concepts:
   the call does not wait for the GPU); checksumming, writing and sending happen in a thread,
   on a gloo group of its own, while training goes on. The `keep` newest steps stay, so a failure
   during a snapshot leaves the one before it complete.
+- **Pace** (`pace.Pace`): snapshots every `every` steps, spaced wider (by multiples of it) when
+  they would take more than the budget of the training's time, measured by each rank on its own
+  steps; the ranks agree on the widest need in the snapshot thread, so all take the same steps.
 - **Recovery** (`plan.choose`): at `load_latest`, the ranks pool what their nodes hold, take the
   newest step newer than the durable checkpoint for which every shard they need is on some
   surviving node, fetch the ones their own node lacks from a peer that has them, and check each
@@ -35,8 +39,9 @@ A requeue starts a new run of the job, on whatever nodes: its ranks start from t
 checkpoint (the stop protocol writes one at the stop step). `mark_done()` and `requeue()` remove
 the run's snapshots from the nodes.
 
-Modules: `store` (the node's files), `plan` (pure rules), `peers` (point-to-point transfers),
-`snapshotter` (`Snapshots`, used by `Checkpointer`).
+Modules: `store` (the node's files), `plan` (pure rules), `pace` (the interval: pure), `peers`
+(point-to-point transfers), `flat` (the format), `snapshotter` (`Snapshots`, used by
+`Checkpointer`).
 """
 
 from slurmddp.checkpoint.snapshots.snapshotter import Snapshots, close_all

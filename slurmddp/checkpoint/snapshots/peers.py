@@ -32,6 +32,15 @@ def exchange(group: Any, sends: Sequence[tuple[int, torch.Tensor]],
             request.wait()
 
 
+def largest(group: Any, value: int) -> int:
+    """The largest of every rank's `value` (collective over `group`)."""
+    import torch.distributed as td
+
+    tensor = torch.tensor([value], dtype=torch.int64)
+    td.all_reduce(tensor, op=td.ReduceOp.MAX, group=group)
+    return int(tensor.item())
+
+
 def as_tensor(data: memoryview | bytes | bytearray) -> torch.Tensor:
     """`data` as a uint8 tensor, without a copy where it is writable."""
     if isinstance(data, bytes):

@@ -19,7 +19,7 @@ from slurmddp import dist
 from slurmddp.checkpoint import inflight, ranks
 from slurmddp.checkpoint.background import Worker
 from slurmddp.checkpoint.loading import Checkpoint
-from slurmddp.checkpoint.snapshots import peers, plan
+from slurmddp.checkpoint.snapshots import pace, peers, plan
 from slurmddp.checkpoint.snapshots.flat import Buffer, pack_async, unpack
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_name
 from slurmddp.errors import one_line
@@ -31,11 +31,18 @@ MIB = 1 << 20
 class Snapshots:
     """Every `every` steps, this rank's state copied to CPU memory at once, then written to its
     node's store and sent to the rank on the next node that keeps its replica, in a thread; the
-    `keep` newest steps stay. Collective: every rank takes the same snapshots."""
+    `keep` newest steps stay. Collective: every rank takes the same snapshots. With a `budget`
+    (a fraction of the training's time), they are spaced wider when they would cost more
+    (`pace`)."""
 
-    def __init__(self, every: int, keep: int) -> None:
+    def __init__(self, every: int, keep: int, budget: float | None = None) -> None:
         self.every = every
         self.keep = keep
+        self._pace = pace.Pace(every, budget)
+        self._agreed = every  # the interval the ranks agreed on in the last snapshot's thread
+        self._called = 0.0  # when the current call began
+        self._returned: float | None = None  # when the last call returned
+        self._beside = False  # whether a snapshot was in flight then
         self._store: NodeStore | None = None
         self._group: Any = None
         self._nodes: list[str] = []
@@ -48,18 +55,40 @@ class Snapshots:
         self._said: set[str] = set()
         _live.add(self)
 
+    @property
+    def interval(self) -> int:
+        """The steps between snapshots now: `every`, or more to keep within the budget."""
+        return self._pace.interval
+
     def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
+        """Whether a snapshot is due at `step`; called once per step, it also times the step."""
+        self._called = time.perf_counter()
+        if self._returned is not None:
+            self._pace.stepped(self._called - self._returned, self._beside)
+        if self._pace.due(step):
+            return True
+        self._returned, self._beside = time.perf_counter(), not self._worker.idle()
+        return False
 
     def take(self, step: int, state: Mapping[str, Any]) -> None:
         """Lay `state` into this rank's buffer now (CPU tensors copied, GPU ones queued on their
         streams); write and replicate it in the background (the previous snapshot is finished
-        first)."""
+        first). Follows `due(step)`, which returned True."""
         self._setup()
         self.settle()
+        need = self._pace.needed()
+        self._pace.taken(step, self._agreed)
         flat, size, copied = pack_async(state, self._buffer)
-        self._worker.submit(self._write, step, flat, size, copied)
+        self._worker.submit(self._write, step, flat, size, copied, need)
         self._order = inflight.register(self)
+        if self._pace.budget is not None and self._pace.interval > self.every:
+            self._say("pace", f"snapshots every {self._pace.interval} steps rather than every "
+                      f"{self.every}: one takes {self._pace.snapshot_cost * 1e3:.2f} ms from "
+                      f"training, against steps of {self._pace.step_seconds * 1e3:.2f} ms, "
+                      f"over the budget of {self._pace.budget * 100:g}% (Checkpointer's "
+                      "snapshot_budget)", lead=True)  # fmt: skip
+        self._returned, self._beside = time.perf_counter(), True
+        self._pace.took(self._returned - self._called)
 
     def settle(self) -> None:
         """Wait for the snapshot in flight; its failure has been said, training goes on."""
@@ -105,9 +134,12 @@ class Snapshots:
         self._keeper = keepers.get(rank)
         self._senders = sorted(r for r, k in keepers.items() if k == rank)
 
-    def _write(self, step: int, flat: torch.Tensor, size: int,
-               copied: Callable[[], None]) -> None:  # fmt: skip
+    def _write(self, step: int, flat: torch.Tensor, size: int, copied: Callable[[], None],
+               need: int) -> None:  # fmt: skip
         try:
+            if self._group is not None and self._pace.budget is not None:
+                need = peers.largest(self._group, need)
+            self._agreed = need
             copied()  # the GPU tensors' copies, queued behind the step that made them
             data = self._buffer.view(size)
             rank, world = dist.rank(), max(dist.group_size(), 1)
@@ -161,8 +193,8 @@ class Snapshots:
                   f"{self.keep} steps: about {_size(self.keep * kept * shard.size)} on this "
                   "one")  # fmt: skip
 
-    def _say(self, key: str, line: str) -> None:
-        if key in self._said:
+    def _say(self, key: str, line: str, lead: bool = False) -> None:
+        if key in self._said or (lead and dist.rank() != 0):
             return
         self._said.add(key)
         print(f"slurmddp: {line}", file=sys.stderr, flush=True)
