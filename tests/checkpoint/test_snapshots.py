@@ -350,15 +350,16 @@ def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
 
 
 def test_snapshots_over_their_budget_are_spaced_alike_on_every_rank(tmp_path, uninterrupted):
-    # A budget no snapshot fits (0.01% of the time): after the first three (the interval agreed
-    # in a snapshot's thread applies from the one after the next) the ranks agree to space them
-    # out; killed at step 10, all four resume from step 3's, the newest they all took, bitwise.
+    # A budget no snapshot fits (0.01% of the time): the first snapshot's call is not counted
+    # (it sets up), the second's is and the third's thread agrees on it, applied from the fourth:
+    # after step 4 the ranks space them out alike; killed at step 10, all four resume from step
+    # 4's, the newest they all took, bitwise.
     fast = ["--snapshot-every", "1", "--snapshot-budget", "0.0001"]
     ended, said = run_world(tmp_path, TWO_NODES, *fast, "--crash-at", "10")
     assert ended == []
     results, said = run_world(tmp_path, TWO_NODES, *fast)
-    assert {r["start"] for r in results} == {3}, results
-    assert "resuming from the snapshot of step 3 " in said, said
+    assert {r["start"] for r in results} == {4}, results
+    assert "resuming from the snapshot of step 4 " in said, said
     assert re.search(r"snapshots every \d+ steps rather than every 1: one takes [\d.]+ ms from "
                      r"training, against steps of [\d.]+ ms, over the budget of 0.01%", said), said
     assert {r["digest"] for r in results} == {uninterrupted}

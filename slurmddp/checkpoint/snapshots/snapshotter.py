@@ -43,6 +43,7 @@ class Snapshots:
         self._called = 0.0  # when the current call began
         self._returned: float | None = None  # when the last call returned
         self._beside = False  # whether a snapshot was in flight then
+        self._first = True  # the first call also sets up (a group, a collective check)
         self._store: NodeStore | None = None
         self._group: Any = None
         self._nodes: list[str] = []
@@ -88,7 +89,9 @@ class Snapshots:
                       f"over the budget of {self._pace.budget * 100:g}% (Checkpointer's "
                       "snapshot_budget)", lead=True)  # fmt: skip
         self._returned, self._beside = time.perf_counter(), True
-        self._pace.took(self._returned - self._called)
+        if not self._first:  # the set-up is paid once, not per snapshot
+            self._pace.took(self._returned - self._called)
+        self._first = False
 
     def settle(self) -> None:
         """Wait for the snapshot in flight; its failure has been said, training goes on."""
