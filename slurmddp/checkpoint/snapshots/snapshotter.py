@@ -84,10 +84,11 @@ class Snapshots:
         self._order = inflight.register(self)
         if self._pace.budget is not None and self._pace.interval > self.every:
             self._say("pace", f"snapshots every {self._pace.interval} steps rather than every "
-                      f"{self.every}: one takes {self._pace.snapshot_cost * 1e3:.2f} ms from "
-                      f"training, against steps of {self._pace.step_seconds * 1e3:.2f} ms, "
-                      f"over the budget of {self._pace.budget * 100:g}% (Checkpointer's "
-                      "snapshot_budget)", lead=True)  # fmt: skip
+                      f"{self.every}, to keep them within {self._pace.budget * 100:g}% of the "
+                      "training's time (Checkpointer's snapshot_budget): on rank 0 one takes "
+                      f"{self._pace.snapshot_cost * 1e3:.2f} ms against steps of "
+                      f"{self._pace.step_seconds * 1e3:.2f} ms; the ranks take the widest "
+                      "need", lead=True)  # fmt: skip
         self._returned, self._beside = time.perf_counter(), True
         if not self._first:  # the set-up is paid once, not per snapshot
             self._pace.took(self._returned - self._called)
