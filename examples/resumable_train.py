@@ -99,7 +99,9 @@ def main() -> int:
             time.sleep(args.step_time)
             ckpt.snapshot(step, state)  # every snapshot_every steps; nothing without
             if rank == 0 and step % args.log_every == 0:
-                print(f"step {step} loss {loss.item():.5f}", flush=True)
+                spacing = ckpt.snapshot_interval  # 0 without snapshots
+                print(f"step {step} loss {loss.item():.5f}"
+                      + (f" snapshots every {spacing}" if spacing else ""), flush=True)
             if step == args.steps:
                 break
             if slurmddp.should_stop():

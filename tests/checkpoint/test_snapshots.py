@@ -5,6 +5,7 @@ nodes (gloo), killed and resumed from the snapshots of the nodes that remain."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -130,6 +131,7 @@ MS = 1e-3
 
 
 PLAIN = [(10 * MS, False)] * 3
+EVALUATION = 2.0  # seconds: a step with an evaluation or a durable save after it
 
 
 @pytest.mark.parametrize(("every", "budget", "before", "after", "took", "needed"), [
@@ -146,17 +148,47 @@ PLAIN = [(10 * MS, False)] * 3
     (1, 0.02, PLAIN, [(10 * MS, True)] * 3 + [(12 * MS, True)], 1 * MS, 15),
     # no plain step seen yet: the quickest step near a snapshot stands for one
     (1, 0.02, [], [(12 * MS, True), (10 * MS, True)], 1 * MS, 15),
+    # an evaluation among the plain steps: their median stands, as without it (5)
+    (1, 0.02, [*PLAIN, (EVALUATION, False), *PLAIN], [], 1 * MS, 5),
+    # none this cycle and the one seen before was slower: no more than the median step near the
+    # snapshot (11 ms: 4.45 -> 5; the 30 ms seen before would give 2)
+    (1, 0.02, [(30 * MS, False)], [(12 * MS, True), (10 * MS, False)], 1 * MS, 5),
 ])
 def test_snapshots_are_spaced_to_keep_their_cost_within_the_budget(every, budget, before, after,
                                                                      took, needed):  # fmt: skip
-    pace = Pace(every, budget)
+    assert one_cycle(Pace(every, budget), before, took, after) == needed
+
+
+def one_cycle(pace: Pace, before: list, took: float, after: list, ran: float | None = None) -> int:
+    """The interval `pace` needs after the steps `before` (no snapshot yet), a snapshot whose call
+    took `took`, the steps `after` and its thread's running time `ran`."""
     for seconds, beside in before:
         pace.stepped(seconds, beside)
-    pace.taken(every, agreed=every)
+    pace.needed()  # as a snapshot is taken: the cycle before the first costs nothing
+    pace.taken(pace.every, agreed=pace.every)
     pace.took(took)
     for seconds, beside in after:
         pace.stepped(seconds, beside)
-    assert pace.needed() == needed
+    if ran is not None:
+        pace.ran(ran)
+    return pace.needed()
+
+
+@pytest.mark.parametrize(("ran", "needed"), [
+    (None, 9_805),  # its thread's time unknown: 1 ms + the evaluation's 2 s -> 9,805 steps
+    (2 * MS, 25),  # no more than twice its thread's 2 ms: 1 + 4 ms -> 24.5 -> 25
+    (0.5 * MS, 10),  # 1 + 1 ms -> 9.8 -> 10
+])
+def test_an_evaluation_beside_a_snapshot_counts_no_more_than_its_thread_could_cause(ran, needed):
+    after = [(10 * MS + EVALUATION, True), *PLAIN, *PLAIN[:1]]
+    assert one_cycle(Pace(1, 0.02), PLAIN, 1 * MS, after, ran) == needed
+
+
+def test_the_interval_lets_a_snapshots_thread_finish_before_the_next_is_due():
+    # 0.1 ms at the call, no slowdown (the thread ran beside a GPU's work, say), but the thread
+    # ran 45 ms against 10 ms steps: within the budget every step would do (0.49), yet the next
+    # snapshot would wait for this one; 5 steps apart it does not.
+    assert one_cycle(Pace(1, 0.02), PLAIN, 0.1 * MS, [*PLAIN, *PLAIN], 45 * MS) == 5
 
 
 def test_the_agreed_interval_applies_from_the_snapshot_taken():
@@ -168,14 +200,60 @@ def test_the_agreed_interval_applies_from_the_snapshot_taken():
     assert pace.interval == 2 and pace.next == 12
 
 
-def test_a_snapshots_cost_is_averaged_over_cycles():
+def test_a_snapshots_cost_is_the_recent_cycles_lower_median():
     pace = Pace(1, 0.02)
-    for took in (1 * MS, 11 * MS):
-        pace.stepped(10 * MS, False)  # the first step, plain; then a snapshot
+    costs = []
+    for took in (3, 900, 1, 2, 4, 5, 6):  # ms; one cycle had an evaluation beside it
+        pace.stepped(10 * MS, False)  # a plain step; then a snapshot
         pace.taken(1, agreed=1)
-        pace.took(took)
+        pace.took(took * MS)
+        pace.stepped(10 * MS, False)
         pace.needed()
-    assert pace.snapshot_cost == pytest.approx(4 * MS)  # 1 + 0.3 x (11 - 1)
+        costs.append(round(pace.snapshot_cost / MS))
+    # the lower median of the last five: [3], [3, 900], [3, 900, 1], ... [900, 1, 2, 4, 5]
+    assert costs == [3, 3, 3, 2, 3, 4, 4]
+
+
+def test_evaluations_between_steps_leave_the_spacing_of_snapshots_as_it_was(tmp_path, monkeypatch):
+    # One rank, steps of ~5 ms (a sleep leaves the interpreter to the snapshot's thread, as a
+    # GPU's work does), an 8 MiB state, a budget of 1%. Once the spacing has settled, four
+    # evaluations of 0.5 s: two right after a snapshot, two between snapshots. Counted as they
+    # are, they would space the snapshots over a thousand steps apart (the first) or put them at
+    # every step (the second); the spacing stays about what it was.
+    monkeypatch.setenv("SLURMDDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    ckpt = Checkpointer(tmp_path / "ckpt", snapshot_every=1, snapshot_budget=0.01)
+    weights = torch.zeros(2 << 20)
+    taken: list[int] = []
+    evaluated: list[int] = []
+    usual = 0
+    step = 0
+
+    def state():
+        taken.append(step)
+        return {"w": weights}
+
+    for step in range(1, 2001):
+        time.sleep(0.005)
+        weights.add_(1)
+        ckpt.snapshot(step, state)
+        gaps = [b - a for a, b in itertools.pairwise(taken[-5:])]
+        if not usual and step > 100 and len(gaps) == 4 and max(gaps) - min(gaps) <= 2:
+            usual = sorted(gaps)[2]  # settled from the first cycles, which set things up
+        elif usual and len(evaluated) < 2 and taken[-1] == step:
+            evaluated.append(step)
+        elif len(evaluated) in (2, 3) and step - taken[-1] == 4 and step > evaluated[-1] + 20:
+            evaluated.append(step)  # the first step counted as plain
+        if evaluated and evaluated[-1] == step:
+            time.sleep(0.5)
+        if len(evaluated) == 4 and step > evaluated[-1] + 10 * usual:
+            break
+    ckpt.wait()
+    gaps = [b - a for a, b in itertools.pairwise(taken) if a >= evaluated[0]]
+    assert len(evaluated) == 4 and usual > 4, (taken, evaluated)
+    assert usual // 3 <= min(gaps) and max(gaps) <= 3 * usual + 4, (usual, taken, evaluated)
+    assert step - taken[-1] <= 3 * usual + 4, (usual, taken, evaluated)
 
 
 def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tmp_path):

@@ -44,6 +44,7 @@ class Snapshots:
         self._returned: float | None = None  # when the last call returned
         self._beside = False  # whether a snapshot was in flight then
         self._first = True  # the first call also sets up (a group, a collective check)
+        self._ran: float | None = None  # the seconds the last snapshot's thread ran
         self._store: NodeStore | None = None
         self._group: Any = None
         self._nodes: list[str] = []
@@ -76,7 +77,11 @@ class Snapshots:
         streams); write and replicate it in the background (the previous snapshot is finished
         first). Follows `due(step)`, which returned True."""
         self._setup()
+        waited = time.perf_counter()
         self.settle()
+        waited = time.perf_counter() - waited  # the interval covers it (`pace`), not the cost
+        if self._ran is not None:
+            self._pace.ran(self._ran)
         need = self._pace.needed()
         self._pace.taken(step, self._agreed)
         flat, size, copied = pack_async(state, self._buffer)
@@ -91,7 +96,7 @@ class Snapshots:
                       "need", lead=True)  # fmt: skip
         self._returned, self._beside = time.perf_counter(), True
         if not self._first:  # the set-up is paid once, not per snapshot
-            self._pace.took(self._returned - self._called)
+            self._pace.took(self._returned - self._called - waited)
         self._first = False
 
     def settle(self) -> None:
@@ -140,6 +145,7 @@ class Snapshots:
 
     def _write(self, step: int, flat: torch.Tensor, size: int, copied: Callable[[], None],
                need: int) -> None:  # fmt: skip
+        began = time.perf_counter()
         try:
             if self._group is not None and self._pace.budget is not None:
                 need = peers.largest(self._group, need)
@@ -157,6 +163,8 @@ class Snapshots:
         except Exception as e:  # the durable checkpoints stand; training goes on
             self._say("failed", f"a snapshot failed on {self._node()} ({one_line(e)}): the "
                       "durable checkpoints stand")  # fmt: skip
+        finally:
+            self._ran = time.perf_counter() - began
 
     def _replicate(self, shard: Shard, data: torch.Tensor) -> None:
         header = torch.tensor([shard.step, shard.rank, shard.world, shard.crc, shard.size])
