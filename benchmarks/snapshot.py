@@ -100,7 +100,7 @@ def cost(repeats: int, steps: int = 2000, large: bool = True) -> list[Row]:
     rows = _cost_rows("0.5 MiB a rank, 2 ranks on 2 emulated nodes", _steps_per_second, repeats,
                       str(steps))  # fmt: skip
     if large:
-        big = ["--width", "8192", "--layers", "5", "--steps", "5", "--warmup", "2", "--keep", "1"]
+        big = ["--width", "8192", "--layers", "5", "--steps", "5", "--warmup", "2"]
         gib = alternate({
             "every": lambda: _steps_per_second(*big, "--snapshot-every", "1", *NO_BUDGET),
             "none": lambda: _steps_per_second(*big, "--snapshot-every", "0"),
@@ -194,7 +194,7 @@ def cost_on_gpu(repeats: int, steps: int = 1000) -> list[Row]:
         return _steps_per_second("--device", "cuda", *args, ranks=1)
 
     rows = _cost_rows("on a GPU, 0.5 MiB, 1 rank", rate, repeats, str(steps))
-    big = ["--width", "8192", "--layers", "5", "--steps", "10", "--warmup", "2", "--keep", "1",
+    big = ["--width", "8192", "--layers", "5", "--steps", "10", "--warmup", "2",
            *NO_BUDGET]  # fmt: skip
     gib = alternate({
         "every": lambda: rate(*big, "--snapshot-every", "1"),

@@ -273,6 +273,40 @@ def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tm
     assert not node.directory.exists()
 
 
+@pytest.mark.parametrize("data", [b"abcdef", b"ab", b"abc"])
+def test_an_old_shards_file_is_written_over_for_a_new_one(tmp_path, data):
+    # In memory, writing a new file costs its pages' allocation and zeroing first (2 to 3 times
+    # the copy): a shard due for pruning gives its file instead, longer, shorter or alike.
+    node = NodeStore(tmp_path / "n1")
+    old, new = Shard(3, 0, 2, 1, 3), Shard(5, 0, 2, 2, len(data))
+    node.put(old, b"xyz")
+    inode = node.path(old).stat().st_ino
+    node.put(new, data, reuse=old)
+    assert node.shards() == [new] and node.path(new).read_bytes() == data
+    assert node.path(new).stat().st_ino == inode
+    node.put(Shard(6, 0, 2, 3, 1), b"q", reuse=old)  # gone already: a new file
+    assert [s.step for s in node.shards()] == [5, 6]
+
+
+def test_a_rank_writes_its_snapshots_over_the_files_of_those_it_prunes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMDDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    monkeypatch.setenv("SLURM_JOB_ID", "79")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    ckpt = Checkpointer(tmp_path / "ckpt", snapshot_every=1, snapshot_budget=None)
+    here = node_store(tmp_path, "n1", job="79")
+    for step in range(1, 5):
+        ckpt.snapshot(step, {"w": torch.full((1000,), float(step))})
+        ckpt.wait()
+        files = sorted(here.glob("*.snap"))
+        assert len(files) == min(step, 2)  # snapshot_keep=2
+        if step == 2:
+            os.link(files[0], tmp_path / "step-1")  # a second name for step 1's file
+    # Step 3's snapshot went into step 1's file (a new one would have left the link's bytes).
+    assert (tmp_path / "step-1").read_bytes() == files[0].read_bytes() != files[1].read_bytes()
+    loaded = ckpt.load_latest()
+    assert loaded is not None and loaded.state["w"][0] == 4
+
+
 def test_a_stores_place_is_the_job_its_run_and_the_node_and_earlier_runs_go(tmp_path):
     env = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path), "SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n2",
            "SLURM_RESTART_COUNT": "1"}  # fmt: skip
@@ -344,8 +378,8 @@ def run_world(work: Path, nodes: list[str], *args: str,
     return [r for out, _ in outs for r in tagged_json(out, "RESULT ")], lines
 
 
-def node_store(work: Path, node: str) -> Path:
-    return store.node_directory({"SLURMDDP_SNAPSHOT_DIR": str(work / "shm"), "SLURM_JOB_ID": "77",
+def node_store(work: Path, node: str, job: str = "77") -> Path:
+    return store.node_directory({"SLURMDDP_SNAPSHOT_DIR": str(work / "shm"), "SLURM_JOB_ID": job,
                                  "SLURMD_NODENAME": node})  # fmt: skip
 
 

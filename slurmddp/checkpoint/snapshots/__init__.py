@@ -23,7 +23,8 @@ Concepts:
   call (GPU ones into pinned buffers, queued on their streams behind the step that made them, so
   the call does not wait for the GPU); checksumming, writing and sending happen in a thread,
   on a gloo group of its own, while training goes on. The `keep` newest steps stay, so a failure
-  during a snapshot leaves the one before it complete.
+  during a snapshot leaves the one before it complete; with `keep` >= 2 a new shard is written
+  over the file of the oldest (a new file in memory costs its pages' zeroing).
 - **Pace** (`pace.Pace`): snapshots every `every` steps, spaced wider (by multiples of it) when
   they would take more than the budget of the training's time, measured by each rank on its own
   steps (medians, so that an evaluation or a save between steps does not move it); the ranks

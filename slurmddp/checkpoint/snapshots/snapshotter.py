@@ -147,9 +147,11 @@ class Snapshots:
                need: int) -> None:  # fmt: skip
         began = time.perf_counter()
         try:
-            if self._group is not None and self._pace.budget is not None:
+            if self._group is not None:
+                # Also a barrier: every rank has begun this snapshot, so every rank's snapshot
+                # before it is whole, here and where its replicas are; older files may be reused.
                 need = peers.largest(self._group, need)
-            self._agreed = need
+            self._agreed = need if self._pace.budget is not None else self.every
             copied()  # the GPU tensors' copies, queued behind the step that made them
             data = self._buffer.view(size)
             rank, world = dist.rank(), max(dist.group_size(), 1)
@@ -179,7 +181,8 @@ class Snapshots:
 
     def _keep(self, shard: Shard, data: memoryview | bytearray) -> None:
         assert self._store is not None
-        room, free, total = self._store.room_for(shard.size)
+        reuse = self._oldest(shard.rank)
+        room, free, total = self._store.room_for(shard.size - (reuse.size if reuse else 0))
         if not room:
             self._say("room", f"{self._node()} keeps no snapshot: {self._store.root} has "
                       f"{_size(free)} free of {_size(total)}, a snapshot takes "
@@ -188,11 +191,19 @@ class Snapshots:
                       "larger node-local directory)")  # fmt: skip
             return
         try:
-            self._store.put(shard, data)
+            if reuse is not None:
+                self._written.remove(reuse)  # its file is written over, or gone
+            self._store.put(shard, data, reuse)
             self._written.append(shard)
         except OSError as e:
             self._say("room", f"{self._node()} keeps no snapshot: {one_line(e)}; the durable "
                       "checkpoints stand")  # fmt: skip
+
+    def _oldest(self, rank: int) -> Shard | None:
+        """`rank`'s oldest shard here when the next one will have it pruned, and the one before
+        stays (`keep` >= 2): its file may be written over."""
+        held = sorted(s for s in self._written if s.rank == rank)
+        return held[0] if self.keep >= 2 and len(held) >= self.keep else None
 
     def _say_size_once(self, shard: Shard) -> None:
         if dist.rank() != 0 or "size" in self._said:

@@ -128,14 +128,21 @@ class NodeStore:
         """The directory of every store of this user (/dev/shm/slurmddp-snapshots-UID)."""
         return self.directory.parent.parent
 
-    def put(self, shard: Shard, data: memoryview | bytes | bytearray) -> None:
-        """Write `data` as `shard`, whole or not at all; raises OSError (ENOSPC...)."""
+    def put(self, shard: Shard, data: memoryview | bytes | bytearray,
+            reuse: Shard | None = None) -> None:  # fmt: skip
+        """Write `data` as `shard`, whole or not at all; raises OSError (ENOSPC...). `reuse`: an
+        old shard whose file is written over instead (in memory, a new file's pages are
+        allocated and zeroed first, which takes most of a write's time); it is gone either way."""
         self._make()
         tmp = self.directory / f".{shard.name}.tmp-{secrets.token_hex(4)}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, fs.FILE_MODE)
+            fd = self._open_over(reuse, tmp) if reuse is not None else -1
+            if fd < 0:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             fs.FILE_MODE)  # fmt: skip
             try:
                 view = memoryview(data).cast("B")
+                os.ftruncate(fd, len(view))
                 while view:
                     view = view[os.write(fd, view) :]
             finally:
@@ -145,6 +152,15 @@ class NodeStore:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+    def _open_over(self, old: Shard, tmp: Path) -> int:
+        """`old`'s file renamed to `tmp` (hidden: no longer a whole snapshot) and opened for
+        writing; -1 when it is not there."""
+        try:
+            os.rename(self.path(old), tmp)
+        except FileNotFoundError:
+            return -1
+        return os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
 
     def _make(self) -> None:
         if not self._made:
