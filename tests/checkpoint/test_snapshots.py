@@ -214,46 +214,36 @@ def test_a_snapshots_cost_is_the_recent_cycles_lower_median():
     assert costs == [3, 3, 3, 2, 3, 4, 4]
 
 
-def test_evaluations_between_steps_leave_the_spacing_of_snapshots_as_it_was(tmp_path, monkeypatch):
+def test_an_evaluation_after_a_snapshot_leaves_the_spacing_as_it_was(tmp_path, monkeypatch):
     # One rank, steps of ~5 ms (a sleep leaves the interpreter to the snapshot's thread, as a
-    # GPU's work does), an 8 MiB state, a budget of 1%. Once the spacing has settled, four
-    # evaluations of 0.5 s: two right after a snapshot, two between snapshots. Counted as they
-    # are, they would space the snapshots over a thousand steps apart (the first) or put them at
-    # every step (the second); the spacing stays about what it was.
+    # GPU's work does), a 2 MiB state, snapshot_every=4 within half the training's time: 4 or 8
+    # steps apart, loaded machine or not (a snapshot costs a few ms; within the default 2% that
+    # would be 49 times as many steps, and hundreds on a loaded machine). Past step 300, two
+    # evaluations of 1 s right after a snapshot: counted whole, they would space the snapshots
+    # 16 to 70 steps apart here; they stay as they were (4, 8 at most).
     monkeypatch.setenv("SLURMDDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
     monkeypatch.setenv("SLURM_JOB_ID", "78")
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
-    ckpt = Checkpointer(tmp_path / "ckpt", snapshot_every=1, snapshot_budget=0.01)
-    weights = torch.zeros(2 << 20)
+    ckpt = Checkpointer(tmp_path / "ckpt", snapshot_every=4, snapshot_budget=0.5)
+    weights = torch.zeros(1 << 19)
     taken: list[int] = []
     evaluated: list[int] = []
-    usual = 0
     step = 0
 
     def state():
         taken.append(step)
         return {"w": weights}
 
-    for step in range(1, 2001):
+    for step in range(1, 601):
         time.sleep(0.005)
         weights.add_(1)
         ckpt.snapshot(step, state)
-        gaps = [b - a for a, b in itertools.pairwise(taken[-5:])]
-        if not usual and step > 100 and len(gaps) == 4 and max(gaps) - min(gaps) <= 2:
-            usual = sorted(gaps)[2]  # settled from the first cycles, which set things up
-        elif usual and len(evaluated) < 2 and taken[-1] == step:
+        if step >= 300 and len(evaluated) < 2 and taken[-1] == step:
             evaluated.append(step)
-        elif len(evaluated) in (2, 3) and step - taken[-1] == 4 and step > evaluated[-1] + 20:
-            evaluated.append(step)  # the first step counted as plain
-        if evaluated and evaluated[-1] == step:
-            time.sleep(0.5)
-        if len(evaluated) == 4 and step > evaluated[-1] + 10 * usual:
-            break
+            time.sleep(1.0)
     ckpt.wait()
     gaps = [b - a for a, b in itertools.pairwise(taken) if a >= evaluated[0]]
-    assert len(evaluated) == 4 and usual > 4, (taken, evaluated)
-    assert usual // 3 <= min(gaps) and max(gaps) <= 3 * usual + 4, (usual, taken, evaluated)
-    assert step - taken[-1] <= 3 * usual + 4, (usual, taken, evaluated)
+    assert max(gaps) <= 12 and step - taken[-1] <= 12, (taken, evaluated)
 
 
 def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tmp_path):
@@ -342,6 +332,9 @@ def test_snapshot_arguments_are_checked(tmp_path):
 # 2 DataLoader workers (fork) augmenting with torch, numpy and random; 6 epochs of 3 steps;
 # snapshots every --snapshot-every steps whatever they cost (the tests count steps).
 LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6", "--snapshot-budget", "none"]
+# The emulated job's end, a day away: without it rank 0 would ask scontrol, and a local cluster
+# running beside these tests may have a job 77 of its own, long ended (the ranks would stop).
+FAR = str(int(time.time()) + 86_400)
 TWO_NODES = ["n1", "n1", "n2", "n2"]
 
 
@@ -358,7 +351,7 @@ def run_world(work: Path, nodes: list[str], *args: str,
                          env=launcher_free_env(RANK=str(r), WORLD_SIZE=str(len(nodes)),
                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                                OMP_NUM_THREADS="1", SLURMD_NODENAME=node,
-                                               SLURM_JOB_ID="77",
+                                               SLURM_JOB_ID="77", SLURM_JOB_END_TIME=FAR,
                                                SLURMDDP_SNAPSHOT_DIR=str(work / "shm"),
                                                **env))
         for r, node in enumerate(nodes)

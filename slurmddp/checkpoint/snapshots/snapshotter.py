@@ -151,7 +151,7 @@ class Snapshots:
                 # Also a barrier: every rank has begun this snapshot, so every rank's snapshot
                 # before it is whole, here and where its replicas are; older files may be reused.
                 need = peers.largest(self._group, need)
-            self._agreed = need if self._pace.budget is not None else self.every
+            self._agreed = need
             copied()  # the GPU tensors' copies, queued behind the step that made them
             data = self._buffer.view(size)
             rank, world = dist.rank(), max(dist.group_size(), 1)
