@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,11 +82,19 @@ def test_no_watchdog_without_its_directory(tmp_path):
                           "--standalone", "-m", "slurmddp.run", HANG, "startup", "--rank",
                           "0"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    # Started (importing torch takes seconds, many on a loaded machine) before the clock runs.
+    late = threading.Timer(180, p.kill)
+    late.start()
+    assert p.stdout is not None
+    out = ""
     try:
+        while "rank 0 stuck in start-up" not in out and (line := p.stdout.readline()):
+            out += line
         time.sleep(8)  # well past the timeout: nothing judges the sleeping rank
         assert p.poll() is None
     finally:
+        late.cancel()
         p.terminate()  # torchrun ends its workers (each in a session of its own)
-        out = p.communicate(timeout=60)[0]
+        out += p.communicate(timeout=60)[0]
     assert "rank 0 stuck in start-up" in out and "hang watchdog" not in out
     assert [x.name for x in tmp_path.iterdir()] == []
