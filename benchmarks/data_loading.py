@@ -2,8 +2,10 @@
 per second of a DataLoader with 2 forked workers over an ImageNet-like dataset with random
 augmentation (a 224-pixel crop of a 256-pixel image, a flip, noise), and the time a resumed
 epoch takes to its first batch, its consumed batches skipped in the sampler against fetched and
-dropped (what a loop that skips by iterating does). Each contender runs in a process of its own
-(``SLURMDDP_EXACT_DATA=0`` is torch's seeding).
+dropped (what a loop that skips by iterating does), and the time an epoch takes to its first batch
+with its 4 forked workers started as a rank starts them (`slurmddp.preemption.workers`: shielded,
+each checked alive) against multiprocessing's own start. Each contender runs in a process of its
+own (``SLURMDDP_EXACT_DATA=0`` is torch's seeding).
 
     python -m benchmarks.data_loading [--batches 100] [--repeats 3]
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from benchmarks.table import Row, alternate, report
 
 SKIPPED = 40  # batches consumed before the resume
+STARTS = 10  # epochs started per measurement
 
 
 def _child(mode: str, batches: int) -> None:
@@ -44,6 +47,18 @@ def _child(mode: str, batches: int) -> None:
             return crop + 0.05 * torch.randn_like(crop)
 
     torch.manual_seed(0)
+    if mode.startswith("start"):
+        from slurmddp.preemption import workers
+
+        if mode == "start-rank":
+            workers.shield()
+        small = DataLoader(list(range(256)), batch_size=8, num_workers=4,
+                           multiprocessing_context="fork")  # fmt: skip
+        start = time.perf_counter()
+        for _ in range(STARTS):
+            next(iter(small))
+        print(json.dumps({"value": (time.perf_counter() - start) / STARTS}))
+        return
     loader = DataLoader(Images(), batch_size=32, shuffle=True, num_workers=2,
                         multiprocessing_context="fork")  # fmt: skip
     if mode == "throughput":
@@ -80,6 +95,8 @@ def run(batches: int = 100, repeats: int = 3) -> list[Row]:
                             "torch": lambda: _measure("throughput", batches, False)}, repeats)
     resume = alternate({"ours": lambda: _measure("resume-skip", batches, True),
                         "iterating": lambda: _measure("resume-iterate", batches, True)}, repeats)
+    started = alternate({"ours": lambda: _measure("start-rank", batches, True),
+                         "plain": lambda: _measure("start-plain", batches, True)}, repeats)
     return [
         Row("data", "batches/s, 2 fork workers, 32 x 3x224x224 crops with flip and noise",
             throughput["ours"], throughput["torch"], "batches/s", "torch's own seeding",
@@ -87,6 +104,9 @@ def run(batches: int = 100, repeats: int = 3) -> list[Row]:
         Row("data", f"to the first batch of an epoch resumed after {SKIPPED} batches",
             resume["ours"], resume["iterating"], "s", "the consumed batches fetched and dropped",
             "< 1, no consumed sample fetched"),
+        Row("data", "to the first batch of an epoch, 4 fork workers started as a rank starts them",
+            started["ours"], started["plain"], "s", "multiprocessing's own Process.start",
+            "<= 1.1"),
     ]  # fmt: skip
 
 

@@ -7,7 +7,7 @@ fails here, saying which, before a job does.
   own ``init_process_group()`` (slurmddp.rank.startup.patch); ``slurmddp.init`` takes the public
   route, a ``slurmddp://`` scheme registered with ``register_rendezvous_handler``.
 - torch: a DataLoader worker is recognised by its target, ``torch.utils.data._utils.worker.
-  _worker_loop`` (slurmddp.preemption.signals shields it from Slurm's TERM); torch.compile's
+  _worker_loop`` (slurmddp.preemption.workers shields it from Slurm's TERM); torch.compile's
   wrapper holds the module as ``_orig_mod`` (slurmddp.training.train_state.unwrap).
 - torch: the DataLoader's inside, which slurmddp.training.loader wraps: the iterator reads the
   loader's ``_index_sampler`` property and draws its base seed from ``loader.generator`` as it is
@@ -190,7 +190,7 @@ def test_a_dataloader_worker_is_recognised_by_the_function_its_process_runs(monk
     import torch
     from torch.utils.data import DataLoader
 
-    from slurmddp.preemption import signals
+    from slurmddp.preemption import workers
 
     targets = []
 
@@ -203,9 +203,9 @@ def test_a_dataloader_worker_is_recognised_by_the_function_its_process_runs(monk
     with pytest.raises(RuntimeError, match="recorded"):
         next(iter(loader))
     assert targets, "DataLoader started no worker process"
-    assert signals._is_dataloader_worker(targets[0]), (
+    assert workers._is_dataloader_worker(targets[0]), (
         f"torch's DataLoader worker now runs {targets[0]!r}, not torch.utils.data._utils.worker."
-        "_worker_loop: update slurmddp.preemption.signals._WORKER_LOOP"
+        "_worker_loop: update slurmddp.preemption.workers._WORKER_LOOP"
     )
 
 

@@ -15,18 +15,12 @@ task, and Slurm's own SIGTERM (scancel, preemption, the time limit) reaches ever
   then it keeps the effect it has without slurmddp: the default (the process ends) or the
   script's own handler. A handler installed later (Lightning's) replaces ours, and one installed
   earlier is chained after ours.
-- **DataLoader workers** are torch's `_worker_loop` processes: torch makes them die of any SIGTERM
-  that their parent did not send. They are started with SIGTERM blocked (fork, spawn and
-  forkserver alike) and a thread in each ends the worker on its DataLoader's SIGTERM only (the
-  rank's, as torch does), so Slurm's SIGTERM to the whole step leaves them serving the rank
-  until it stops at its agreed step. Other children get Slurm's SIGTERM as they would without
-  slurmddp: blocking it in all of them would make `Pool.terminate()` and `Popen.terminate()`
-  hang.
+
+DataLoader workers are started apart from all this: `slurmddp.preemption.workers`.
 """
 
 from __future__ import annotations
 
-import multiprocessing.process
 import os
 import signal
 import threading
@@ -34,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurmddp.errors import SignalError
+from slurmddp.preemption import workers
 from slurmddp.protocol import DEFAULT_SIGNAL, SIGNAL_VAR, STOP_FILE_VAR
 
 __all__ = [
@@ -105,7 +100,7 @@ class Receiver:
         if path and os.path.exists(path):
             # The batch shell got the stop signal before this process could take it.
             self.seen |= STOP
-        _shield_dataloader_workers()
+        workers.shield()
         return sig
 
     def _on_stop(self, signum: int, frame: Any) -> None:
@@ -182,94 +177,3 @@ def _unblocked(sig: signal.Signals) -> None:
     """The one thread where the stop signal is delivered; it only waits."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
     threading.Event().wait()
-
-
-# -- children started through multiprocessing ---------------------------------------------------
-
-# A private name of torch: a DataLoader worker is known only by the function its process runs (no
-# public marker exists). If torch renames it, workers are simply not shielded (Slurm's TERM ends
-# them, as without slurmddp); tests/test_dependencies.py fails first and names it.
-_WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
-_original_start = multiprocessing.process.BaseProcess.start
-
-
-def _is_dataloader_worker(target: Any) -> bool:
-    return (getattr(target, "__module__", None), getattr(target, "__name__", None)) == _WORKER_LOOP
-
-
-def _block_term() -> Any:
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-
-class _Shielded:
-    """A DataLoader worker's target, run with SIGTERM taken from its DataLoader only.
-
-    Picklable: spawn and forkserver workers unpickle it before their arguments.
-    """
-
-    def __init__(self, target: Callable[..., Any]) -> None:
-        self.target = target
-        self.owner = os.getpid()  # the rank, whose DataLoader may terminate the worker
-
-    def __setstate__(self, state: dict) -> None:
-        _block_term()  # before anything the unpickling imports can start a thread
-        self.__dict__.update(state)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _block_term()
-        threading.Thread(target=_end_on_owners_term, args=(self.owner,),
-                         name="slurmddp-worker-term", daemon=True).start()  # fmt: skip
-        return self.target(*args, **kwargs)
-
-
-def _end_on_owners_term(owner: int) -> None:
-    while True:
-        info = signal.sigwaitinfo({signal.SIGTERM})
-        if info.si_pid == owner:
-            os._exit(0)  # as torch's worker handler does when its DataLoader ends it
-
-
-def _unblock_term() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
-class _TermUnblocked:
-    """Unpickled in a forkserver child: gives its main thread SIGTERM back (see below)."""
-
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return _unblock_term, ()
-
-
-def _shielded_start(self: multiprocessing.process.BaseProcess) -> None:
-    """`Process.start` for a rank: DataLoader workers shielded, every other child as it was.
-
-    A child is born with its creator's signal mask, and threads a library starts in the child at
-    fork time (OpenBLAS does) keep it. So DataLoader workers are started with SIGTERM blocked.
-    The forkserver is started with SIGTERM blocked too, so its DataLoader workers are born that
-    way; its other children unblock it in their main thread as they unpickle, and so take
-    SIGTERM as they would without slurmddp.
-    """
-    target: Any = getattr(self, "_target", None)
-    forkserver = getattr(self, "_start_method", None) == "forkserver"
-    if forkserver:
-        from multiprocessing import forkserver as server
-
-        old = _block_term()
-        try:
-            server.ensure_running()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    if not _is_dataloader_worker(target):
-        if forkserver:
-            self._slurmddp_term = _TermUnblocked()  # type: ignore[attr-defined]
-        return _original_start(self)
-    self._target = _Shielded(target)  # type: ignore[attr-defined]
-    old = _block_term()
-    try:
-        return _original_start(self)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _shield_dataloader_workers() -> None:
-    multiprocessing.process.BaseProcess.start = _shielded_start  # type: ignore[method-assign]
