@@ -8,13 +8,15 @@
   slurmddp: blocking it in all of them would make `Pool.terminate()` and `Popen.terminate()`
   hang.
 - **Alive for sure.** A worker forked from a rank can, rarely, never get past the fork: its child
-  hangs inside `os.fork()`, before any of its own code runs, on a lock another thread of the rank
-  held at that instant (its Python stack ends in `os.fork()` with the rank's other threads still
-  listed: before CPython drops them). Seen twice with Python 3.10.13 and torch 2.8 on a loaded
-  machine, once in about 11,000 forks: the DataLoader waits for that worker forever, since it is
-  alive, and the other ranks wait in their next collective. So a forked worker tells its rank it
-  runs, first thing; one that has not within `BIRTH_S` seconds is killed and forked again, with a
-  warning. Spawned and forkserver workers are not forked from the rank.
+  waits forever inside `os.fork()`, before any of its own code runs, for the interpreter's
+  thread-state lock, which another thread of the rank held at that instant: CPython's gh-112275,
+  fixed in 3.12 and in the 3.8-3.11 releases of September 2024 (3.10.15, 3.11.10). With Python
+  3.10.13 and torch 2.8 on a loaded machine: about one run in a hundred of a resumed loop with
+  persistent workers, and once in some 11,000 worker forks of the README's loop. The DataLoader
+  waits for that worker forever, since it is alive, and the other ranks wait in their next
+  collective. So a forked worker tells its rank it runs, first thing; one that has not within
+  `BIRTH_S` seconds is killed and forked again, with a warning. Spawned and forkserver workers are
+  not forked from the rank.
 
 `shield()` installs both, once, in the rank (`Receiver.install`).
 """
