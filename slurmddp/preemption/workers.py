@@ -159,7 +159,9 @@ def _fork_alive(process: Any, target: Callable[..., Any]) -> None:
                 _original_start(process)
             finally:
                 os.close(write)
-            if select.select([read], [], [], BIRTH_S)[0]:
+            said = select.poll()  # not select(): a rank's descriptors may pass FD_SETSIZE
+            said.register(read, select.POLLIN)
+            if said.poll(BIRTH_S * 1000):  # a byte, or the end of a child that died
                 return
         finally:
             os.close(read)

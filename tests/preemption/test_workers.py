@@ -147,3 +147,33 @@ def test_a_worker_stuck_in_its_fork_is_forked_again_and_the_loader_yields_all_it
     assert r.stderr.count("stuck in its fork") == 1, r.stderr
     assert f"a DataLoader worker (pid {stuck}) was stuck in its fork for 2 s; it was killed and " \
            "forked again" in r.stderr
+
+
+MANY_DESCRIPTORS = """
+    import os, resource, slurmddp
+    from torch.utils.data import DataLoader
+
+    if __name__ == "__main__":
+        slurmddp.should_stop()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # past select()'s 1024
+        loader = DataLoader(list(range(16)), batch_size=4, num_workers=2,
+                            multiprocessing_context="fork")
+        print("samples:", sum(len(b) for b in loader), "highest descriptor:", max(held))
+"""
+
+
+def test_a_rank_with_more_than_1024_descriptors_still_starts_its_forked_workers(tmp_path):
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard limit on open files is below 2048 here")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(MANY_DESCRIPTORS))
+    r = subprocess.run([sys.executable, "-m", "slurmddp.run", str(script)],
+                       env=launcher_free_env(), capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    samples, highest = r.stdout.split("samples:")[1].split("highest descriptor:")
+    assert int(samples) == 16 and int(highest) > 1024
