@@ -5,10 +5,12 @@
 
 `slurmddp.integrations.lightning.fit(trainer, model, loader, dirpath=...)` replaces
 ``trainer.fit(model, loader)``: on a stop the Trainer saves ``step-N.ckpt`` and the job is
-requeued; the next run resumes from it. The loader is torchdata's `StatefulDataLoader`, whose
-position Lightning keeps in the checkpoint, so the resumed epoch goes on at the next batch (a
-plain DataLoader would start it again). Lightning picks its cluster environment itself (under
-srun: its SLURMEnvironment). Every rank prints ``RESULT {...}`` with a digest of its parameters.
+requeued; the next run resumes from it. With ``--snapshot-every N`` the Trainer's state is also
+kept in the nodes' memory every N steps, so a rank killed or a node lost costs the steps since.
+The loader is torchdata's `StatefulDataLoader` (``--plain``: torch's DataLoader), whose position
+is kept in the checkpoint, so the resumed epoch goes on at the next batch. Lightning picks its
+cluster environment itself (under srun: its SLURMEnvironment). Every rank prints ``RESULT {...}``
+with a digest of its parameters.
 """
 
 import argparse
@@ -90,6 +92,8 @@ def main() -> int:
     p.add_argument("--dropout", type=float, default=0.0, help="a Dropout layer of this rate")
     p.add_argument("--plain", action="store_true", help="torch's DataLoader, not torchdata's")
     p.add_argument("--augment", action="store_true", help="random noise on every sample")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="keep the Trainer's state in the nodes' memory every N steps")
     opts = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -103,10 +107,11 @@ def main() -> int:
     )  # fmt: skip
     model = Regression(opts.dropout)
     if opts.datamodule:
-        fit(trainer, model, datamodule=Data(), dirpath=opts.checkpoint_dir)
+        fit(trainer, model, datamodule=Data(), dirpath=opts.checkpoint_dir,
+            snapshot_every=opts.snapshot_every)
     else:
         fit(trainer, model, make_loader(opts.workers, opts.plain, opts.augment),
-            dirpath=opts.checkpoint_dir)
+            dirpath=opts.checkpoint_dir, snapshot_every=opts.snapshot_every)
 
     flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()

@@ -68,17 +68,9 @@ class Checkpointer:
         snapshot_keep: int = 2,
         snapshot_budget: float | None = 0.02,
     ) -> None:
-        for name, value, least in (("keep", keep, 1), ("snapshot_every", snapshot_every, 0),
-                                   ("snapshot_keep", snapshot_keep, 1)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                kind = "a positive integer" if least else "an integer >= 0"
-                raise ValueError(f"{name} must be {kind}, not {value!r}")
-        if snapshot_budget is not None and (
-                isinstance(snapshot_budget, bool) or not isinstance(snapshot_budget, int | float)
-                or not 0 < snapshot_budget < 1):  # fmt: skip
-            raise ValueError(f"snapshot_budget must be a fraction of the training's time "
-                             f"between 0 and 1 (0.02 is 2%), or None for no limit, not "
-                             f"{snapshot_budget!r}")  # fmt: skip
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be a positive integer, not {keep!r}")
+        snapshots.Snapshots.check_options(snapshot_every, snapshot_keep, snapshot_budget)
         if sharded and snapshot_every:
             raise ValueError("snapshots keep replicated states only: use snapshot_every with "
                              "sharded=False, or durable sharded checkpoints alone")  # fmt: skip
@@ -92,7 +84,6 @@ class Checkpointer:
         self._started: tuple[int, float] | None = None  # the save in flight: step, start
         self._snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
             if snapshot_every else None  # fmt: skip
-        self._snapshot_checked = False
         # At start-up: the stop protocol's deadline leaves room for a save as long as the last.
         saved = layout.read_save_time(self.directory)
         if saved is not None:
@@ -133,27 +124,8 @@ class Checkpointer:
         `state` may be a function returning it (called only then); `train_state.capture` inside
         it keeps this rank's own random state without the gather a durable save needs. Without
         snapshot_every, nothing."""
-        if self._snapshots is None:
-            return
-        refusal = check_step(step)
-        if refusal is not None:
-            raise CheckpointError(refusal)
-        if not self._snapshots.due(operator.index(step)):
-            return
-        if callable(state):
-            from slurmddp.training import train_state
-
-            with train_state.own_rank_only():
-                state = state()
-        if not self._snapshot_checked:
-            # The first snapshot's state is checked on every rank; later ones have its shape (a
-            # collective per step would cost more than the snapshot itself).
-            refusal = check_state(state, sharded=False)
-            if not ranks.agree(refusal is None):
-                raise CheckpointError(refusal or f"snapshot of step {step} was refused on "
-                                      "another rank: see its error")  # fmt: skip
-            self._snapshot_checked = True
-        self._snapshots.take(operator.index(step), state)
+        if self._snapshots is not None:
+            self._snapshots.offer(operator.index(step), state)
 
     def wait(self) -> None:
         """Block until this Checkpointer's async save in flight (if any) is published, and old

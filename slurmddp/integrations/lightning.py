@@ -20,6 +20,15 @@ plain DataLoader it trains on (`slurmddp.training.loader`: the resumed epoch goe
 batch, with the same augmentation, also for a loader Lightning rebuilt with its own sampler). So
 a model with dropout and a loader with workers and random augmentation resume bitwise.
 
+``snapshot_every=N`` (with ``snapshot_keep`` and ``snapshot_budget``, as the Checkpointer takes
+them) also keeps the Trainer's checkpoint, as the stop would save it, every N optimizer steps in
+the memory of the rank's node and of the next node (`slurmddp.checkpoint.snapshots`): a rank
+killed, or a node lost and replaced by a spare, then costs the steps since the last snapshot,
+not the run. At the start of fit (once Lightning has joined the process group) the ranks take the
+newest complete snapshot newer than the newest ``step-N.ckpt`` and Lightning restores from it
+as from that file. No snapshot is taken at an epoch's last batch (see the stop, below) nor in the
+middle of gradient accumulation (the accumulated gradients are in no checkpoint).
+
 Lightning's own SLURM auto-requeue (its SIGUSR1 handler) is left out, and said so, when the stop
 signal is USR1: slurmddp's handler is installed first, and Lightning adds its own only where none
 is. Lightning's SIGTERM handler (which would end fit at the batch's end, before the ranks agree
@@ -36,8 +45,10 @@ from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
+from torch.nn.parallel import DistributedDataParallel
 
 from slurmddp import files
+from slurmddp.checkpoint import snapshots
 from slurmddp.errors import warn
 from slurmddp.preemption import api
 from slurmddp.training import loader as exact_data
@@ -57,15 +68,25 @@ class StopProtocol(Callback):
 
     `loaders`: the training data loaders given to fit, whose samplers are put back in the
     checkpoint's epoch as it is loaded (`on_load_checkpoint`); None: those the datamodule's (or
-    the model's) ``train_dataloader()`` makes.
+    the model's) ``train_dataloader()`` makes. `snapshot_every`, `snapshot_keep`,
+    `snapshot_budget`: the Trainer's checkpoint kept in the nodes' memory every N optimizer steps
+    (the module's docstring); 0: none.
     """
 
-    def __init__(self, dirpath: str | os.PathLike[str], loaders: Any = None) -> None:
+    def __init__(self, dirpath: str | os.PathLike[str], loaders: Any = None, *,
+                 snapshot_every: int = 0, snapshot_keep: int = 2,
+                 snapshot_budget: float | None = 0.02) -> None:  # fmt: skip
+        snapshots.Snapshots.check_options(snapshot_every, snapshot_keep, snapshot_budget)
         self.dirpath = Path(dirpath)
         self.loaders = loaders
         self.stopped_at: int | None = None
         self.deferred = False  # the stop was put off by a batch (see on_train_batch_end)
         self.rng: Any = None  # the generators to put back before the resumed run's first batch
+        self.resumed = False  # this fit restored a checkpoint (or a snapshot)
+        self.prime: DistributedDataParallel | None = None  # DDP, to prime at the first batch
+        self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
+            if snapshot_every else None  # fmt: skip
+        self._stepped = -1  # the global step after the last training batch
 
     def latest(self) -> str | None:
         """The newest complete ``step-N.ckpt`` in `dirpath`, or None."""
@@ -91,6 +112,7 @@ class StopProtocol(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: Any,
                            checkpoint: dict[str, Any]) -> None:  # fmt: skip
+        self.resumed = True
         saved = checkpoint.get(_KEY)
         if saved is not None:
             self.rng = train_state.own(saved["rng"])
@@ -120,20 +142,56 @@ class StopProtocol(Callback):
 
             source.train_dataloader = train_dataloader  # this instance, for this fit
 
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        # Lightning has joined the process group and not yet loaded its checkpoint: the ranks
+        # agree on a newer snapshot here, and Lightning restores from it instead.
+        if self.snapshots is None or stage != "fit":
+            return
+        durable = self.latest()
+        match = _STEP.fullmatch(Path(durable).name) if durable else None
+        found = self.snapshots.recover(int(match[1]) if match else None, "cpu")
+        if found is None:
+            return
+        connector = trainer._checkpoint_connector
+        load = connector.resume_start
+
+        def resume_start(checkpoint_path: Any = None, weights_only: Any = None) -> None:
+            connector.resume_start = load  # type: ignore[method-assign]
+            connector._ckpt_path = str(found.path)
+            connector._loaded_checkpoint = found.state
+
+        connector.resume_start = resume_start  # type: ignore[method-assign]
+
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         # Lightning installed its handlers as fit began: on TERM it would end fit at the batch's
         # end (SIGTERMException), before the ranks agree and checkpoint.
         api.state().receiver.take_back()
+        # DDP exists now. Resumed, its first backward would reduce with DDP's initial bucket
+        # layout where the uninterrupted run used the rebuilt one: with more than two ranks the
+        # sums differ in their last bits (train_state's docstring). Primed at the first batch.
+        # Not under manual optimization: its training_step steps the optimizers itself.
+        if (self.resumed and pl_module.automatic_optimization
+                and isinstance(trainer.strategy.model, DistributedDataParallel)):  # fmt: skip
+            self.prime = trainer.strategy.model
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip
         if self.rng is not None:  # where the uninterrupted run stood after the saved batch
             train_state.restore_rng(self.rng)
             self.rng = None
+        if self.prime is not None:
+            # Through the strategy, as Lightning's loop runs the step (its forward redirection
+            # into training_step); the RNG states are put back after it.
+            ddp, self.prime = self.prime, None
+            train_state.prime_ddp_through(
+                ddp, lambda: trainer.strategy.training_step(batch, batch_idx))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip
-        if self.stopped_at is not None or not api.should_stop():
+        if self.stopped_at is not None:
+            return
+        if not api.should_stop():
+            self._snapshot(trainer)
             return
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and not self.deferred:
             # Resumed from an epoch's last batch, Lightning counts that epoch twice (the next
@@ -156,14 +214,28 @@ class StopProtocol(Callback):
         self.stopped_at = step
         trainer.should_stop = True
 
+    def _snapshot(self, trainer: Trainer) -> None:
+        step, before = trainer.global_step, self._stepped
+        self._stepped = step
+        # No optimizer step in this batch (gradients accumulating): nothing to snapshot. Resumed
+        # from an epoch's last batch, Lightning would count that epoch twice (the stop is put off
+        # past it for the same reason): its snapshot is not taken either.
+        if (self.snapshots is None or step == before
+                or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch):  # fmt: skip
+            return
+        connector = trainer._checkpoint_connector
+        self.snapshots.offer(step, lambda: connector.dump_checkpoint(weights_only=False))
+
     def _entries(self) -> list[Path]:
         return list(self.dirpath.iterdir()) if self.dirpath.is_dir() else []
 
 
 def fit(trainer: Trainer, model: Any, *args: Any, dirpath: str | os.PathLike[str],
+        snapshot_every: int = 0, snapshot_keep: int = 2, snapshot_budget: float | None = 0.02,
         **kwargs: Any) -> None:  # fmt: skip
-    """`trainer.fit` resumed from the newest stop checkpoint in `dirpath`; on an agreed stop,
-    saved and requeued (does not return); at the end, the work marked done."""
+    """`trainer.fit` resumed from the newest stop checkpoint in `dirpath` (or a newer snapshot,
+    with `snapshot_every`: the module's docstring); on an agreed stop, saved and requeued (does
+    not return); at the end, the work marked done."""
     taken = api.install()  # before Lightning looks for a handler of the stop signal
     environment = getattr(trainer.strategy, "cluster_environment", None)
     if (signal.SIGUSR1 in taken and isinstance(environment, SLURMEnvironment)
@@ -175,7 +247,8 @@ def fit(trainer: Trainer, model: Any, *args: Any, dirpath: str | os.PathLike[str
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     callback = next((c for c in callbacks if isinstance(c, StopProtocol)), None)
     if callback is None:
-        callback = StopProtocol(dirpath)
+        callback = StopProtocol(dirpath, snapshot_every=snapshot_every,
+                                snapshot_keep=snapshot_keep, snapshot_budget=snapshot_budget)
         callbacks.append(callback)
     if callback.loaders is None:
         callback.loaders = kwargs.get("train_dataloaders", args[0] if args else None)

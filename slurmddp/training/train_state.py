@@ -34,7 +34,7 @@ import contextlib
 import contextvars
 import random
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -303,12 +303,18 @@ def prime_ddp(ddp: Any, *inputs: Any, **kwargs: Any) -> None:
     dropout draw, no batch-norm statistics), the gradients are dropped and the RNG states put
     back: nothing the training sees changes.
     """
+    prime_ddp_through(ddp, lambda: ddp(*inputs, **kwargs))
+
+
+def prime_ddp_through(ddp: Any, forward: Callable[[], Any]) -> None:
+    """`prime_ddp`, the forward being what `forward()` runs: a framework's own way through the
+    DDP model (Lightning's training step)."""
     _mark_primed(ddp)
     rng = capture_rng()
     training = ddp.training
     ddp.eval()
     try:
-        out = ddp(*inputs, **kwargs)
+        out = forward()
         leaves = [t for t in _tensors(out) if t.requires_grad]
         torch.stack([t.float().sum() for t in leaves]).sum().backward()
     finally:

@@ -466,7 +466,7 @@ def test_snapshots_over_their_budget_are_spaced_alike_on_every_rank(tmp_path, un
     assert {r["start"] for r in results} == {4}, results
     assert "resuming from the snapshot of step 4 " in said, said
     assert re.search(r"snapshots every \d+ steps rather than every 1, to keep them within 0.01% "
-                     r"of the training's time \(Checkpointer's snapshot_budget\): on rank 0 one "
+                     r"of the training's time \(snapshot_budget\): on rank 0 one "
                      r"takes [\d.]+ ms against steps of [\d.]+ ms; the ranks take the widest "
                      r"need", said), said
     assert {r["digest"] for r in results} == {uninterrupted}

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import socket
+import subprocess
+import sys
+
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import PROGRAMS, ROOT, launcher_free_env, tagged_json
 from tests.integrations.preempted import preempted_once, run_locally
 
 pytest.importorskip("lightning")
@@ -56,6 +61,71 @@ def test_dropout_and_augmentation_in_workers_resume_bitwise(tmp_path, loader, st
     reference = run(tmp_path / "reference", 100, None, *more)
     assert run(tmp_path / "ckpt", 100, stop_at, *more) == []
     assert run(tmp_path / "ckpt", 100, None, *more) == reference
+
+
+FAULTS = str(PROGRAMS / "lightning_faults.py")
+
+
+def faulted(ckpt, *more: str, ranks: int = 1, **env: str) -> tuple[list[dict], str]:
+    """tests/programs/lightning_faults.py, as users train (`TRAINING_AS_USERS_WRITE_IT`, torch's
+    DataLoader), 30 steps: one process, or `ranks` under slurmddp.agent (torchrun) on this host,
+    restarted once if a worker dies. Its RESULT lines by rank (none when it stopped or was
+    killed), and its stderr."""
+    args = [FAULTS, "--steps", "30", "--checkpoint-dir", str(ckpt), *TRAINING_AS_USERS_WRITE_IT,
+            "--plain", *more]  # fmt: skip
+    if ranks > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = ["-m", "slurmddp.agent", "--nnodes", "1", "--nproc-per-node", str(ranks),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--max-restarts", "1", *args]  # fmt: skip
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
+                       env=launcher_free_env(OMP_NUM_THREADS="1", **env))  # fmt: skip
+    assert r.returncode == (-9 if ranks == 1 and "CRASH_AT" in env else 0), r.stderr[-3000:]
+    return sorted(tagged_json(r.stdout, "RESULT "), key=lambda x: x["rank"]), r.stderr
+
+
+def resumed_from_snapshot(stderr: str) -> int:
+    found = re.findall(r"resuming from the snapshot of step (\d+) in the nodes' memory", stderr)
+    assert len(found) == 1, stderr[-3000:]
+    return int(found[0])
+
+
+# Issue 30: the Trainer's checkpoint kept in the node's memory (snapshot_every=1, within the
+# default budget); the process killed mid-epoch (SIGKILL, no checkpoint written) resumes from the
+# last snapshot, not from the start, and ends bitwise.
+def test_a_killed_fit_resumes_from_its_snapshot_bitwise(tmp_path):
+    node = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path / "shm"), "CRASH_RANK": "0"}
+    reference, _ = faulted(tmp_path / "reference")
+    assert faulted(tmp_path / "ckpt", "--snapshot-every", "1", CRASH_AT="25", **node)[0] == []
+    assert not (tmp_path / "ckpt").exists()  # nothing durable was written
+    resumed, said = faulted(tmp_path / "ckpt", "--snapshot-every", "1", **node)
+    assert 0 < resumed_from_snapshot(said) <= 25 and resumed == reference
+
+
+# Four ranks (an epoch is 16 steps): DDP lays its buckets out anew after the first backward, and
+# with more than two ranks the layout decides gloo's order of summing; the resumed run's first
+# backward is primed, or its gradients differ from the uninterrupted run's in their last bits.
+# Then one rank killed (torchrun restarts all four on the node) resumes from the snapshots.
+def test_four_ranks_resume_bitwise_from_a_stop_and_from_snapshots_after_a_rank_is_killed(
+        tmp_path):  # fmt: skip
+    reference, _ = faulted(tmp_path / "reference", ranks=4)
+    assert len(reference) == 4 and len({x["digest"] for x in reference}) == 1
+    assert faulted(tmp_path / "stop", ranks=4, STOP_AT="20")[0] == []
+    assert faulted(tmp_path / "stop", ranks=4)[0] == reference
+    resumed, said = faulted(tmp_path / "killed", "--snapshot-every", "1", ranks=4,
+                            SLURMDDP_SNAPSHOT_DIR=str(tmp_path / "shm"), CRASH_AT="24")
+    assert 0 < resumed_from_snapshot(said) <= 24 and resumed == reference
+
+
+def test_snapshot_options_are_checked_as_the_checkpointers_are(tmp_path):
+    from slurmddp.integrations.lightning import StopProtocol
+
+    with pytest.raises(ValueError, match="snapshot_every must be an integer >= 0, not -1"):
+        StopProtocol(tmp_path, snapshot_every=-1)
+    with pytest.raises(ValueError, match="snapshot_budget must be a fraction"):
+        StopProtocol(tmp_path, snapshot_every=1, snapshot_budget=2)
 
 
 # Lightning picks its SLURMEnvironment under srun. USR1 is also its auto-requeue signal; with

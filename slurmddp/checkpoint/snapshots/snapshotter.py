@@ -22,7 +22,8 @@ from slurmddp.checkpoint.loading import Checkpoint
 from slurmddp.checkpoint.snapshots import pace, peers, plan
 from slurmddp.checkpoint.snapshots.flat import Buffer, pack_async, unpack
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_name
-from slurmddp.errors import one_line
+from slurmddp.checkpoint.state import check_state, check_step
+from slurmddp.errors import CheckpointError, one_line
 
 _live: weakref.WeakSet[Snapshots] = weakref.WeakSet()
 MIB = 1 << 20
@@ -34,6 +35,19 @@ class Snapshots:
     `keep` newest steps stay. Collective: every rank takes the same snapshots. With a `budget`
     (a fraction of the training's time), they are spaced wider when they would cost more
     (`pace`)."""
+
+    @staticmethod
+    def check_options(every: object, keep: object, budget: object) -> None:
+        """ValueError naming the first of `snapshot_every`, `snapshot_keep` and `snapshot_budget`
+        (as the Checkpointer and the integrations take them) that is out of range."""
+        for name, value, least in (("snapshot_every", every, 0), ("snapshot_keep", keep, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "a positive integer" if least else "an integer >= 0"
+                raise ValueError(f"{name} must be {kind}, not {value!r}")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                                   or not 0 < budget < 1):  # fmt: skip
+            raise ValueError(f"snapshot_budget must be a fraction of the training's time between 0 "
+                             f"and 1 (0.02 is 2%), or None for no limit, not {budget!r}")
 
     def __init__(self, every: int, keep: int, budget: float | None = None) -> None:
         self.every = every
@@ -55,6 +69,7 @@ class Snapshots:
         self._order: int | None = None  # the snapshot in flight, in `inflight`
         self._written: list[Shard] = []  # the files this rank wrote and keeps
         self._said: set[str] = set()
+        self._checked = False  # the first snapshot's state was checked on every rank
         _live.add(self)
 
     @property
@@ -71,6 +86,32 @@ class Snapshots:
             return True
         self._returned, self._beside = time.perf_counter(), not self._worker.idle()
         return False
+
+    def offer(self, step: int, state: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+              ) -> bool:  # fmt: skip
+        """Take `state` as step `step`'s snapshot when one is due; called after every step, on
+        every rank. `state` may be a function returning it, called only then, with
+        `train_state.own_rank_only` (this rank's random state, no gather). Whether it was taken."""
+        refusal = check_step(step)
+        if refusal is not None:
+            raise CheckpointError(refusal)
+        if not self.due(step):
+            return False
+        if callable(state):
+            from slurmddp.training import train_state
+
+            with train_state.own_rank_only():
+                state = state()
+        if not self._checked:
+            # The first snapshot's state is checked on every rank; later ones have its shape (a
+            # collective per step would cost more than the snapshot itself).
+            refusal = check_state(state, sharded=False)
+            if not ranks.agree(refusal is None):
+                raise CheckpointError(refusal or f"snapshot of step {step} was refused on "
+                                      "another rank: see its error")  # fmt: skip
+            self._checked = True
+        self.take(step, state)
+        return True
 
     def take(self, step: int, state: Mapping[str, Any]) -> None:
         """Lay `state` into this rank's buffer now (CPU tensors copied, GPU ones queued on their
@@ -90,7 +131,7 @@ class Snapshots:
         if self._pace.budget is not None and self._pace.interval > self.every:
             self._say("pace", f"snapshots every {self._pace.interval} steps rather than every "
                       f"{self.every}, to keep them within {self._pace.budget * 100:g}% of the "
-                      "training's time (Checkpointer's snapshot_budget): on rank 0 one takes "
+                      "training's time (snapshot_budget): on rank 0 one takes "
                       f"{self._pace.snapshot_cost * 1e3:.2f} ms against steps of "
                       f"{self._pace.step_seconds * 1e3:.2f} ms; the ranks take the widest "
                       "need", lead=True)  # fmt: skip

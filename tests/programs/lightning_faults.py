@@ -1,0 +1,46 @@
+"""examples/lightning_train.py with a fault injected, for a launcher to run on every rank.
+
+Environment: STOP_AT: an agreed stop at the STOP_AT-th should_stop() call of every rank (the
+requeue then only ends the process). CRASH_AT: the worker of rank CRASH_RANK (default 1) kills
+itself (SIGKILL, as the kernel's OOM killer does) once its global step reaches CRASH_AT, in the
+workers' first start only, for torchrun to restart them all. Arguments are the training's.
+"""
+
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+from slurmddp.integrations import lightning
+from slurmddp.preemption import api
+
+TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "lightning_train.py")
+
+if os.environ.get("STOP_AT"):
+    calls = []
+    stop_at = int(os.environ["STOP_AT"])
+
+    def should_stop(*args, **kwargs):
+        calls.append(1)
+        return len(calls) >= stop_at
+
+    def requeue():
+        raise SystemExit(0)
+
+    api.should_stop, api.requeue = should_stop, requeue
+
+if (os.environ.get("CRASH_AT") and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "1")):  # fmt: skip
+    crash_at = int(os.environ["CRASH_AT"])
+    batch_end = lightning.StopProtocol.on_train_batch_end
+
+    def on_train_batch_end(self, trainer, *args):
+        batch_end(self, trainer, *args)
+        if trainer.global_step >= crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    lightning.StopProtocol.on_train_batch_end = on_train_batch_end
+
+sys.argv = [TRAIN, *sys.argv[1:]]
+runpy.run_path(TRAIN, run_name="__main__")
