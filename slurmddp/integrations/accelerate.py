@@ -16,6 +16,7 @@ restored step already saw (`accelerator.skip_first_batches`): see examples/accel
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -25,9 +26,11 @@ from typing import Any
 from slurmddp import files
 from slurmddp.preemption import api
 from slurmddp.training import loader as exact_data
+from slurmddp.training import train_state
 
 # Before any loader iterates, in the first run as in a resumed one: the seeding must match.
 exact_data.install()
+exact_data.follow_accelerate_epochs()  # a resumed epoch's loader is rebuilt
 
 __all__ = ["Preemptible"]
 
@@ -47,6 +50,10 @@ class Preemptible:
         if not steps:
             return 0
         self.accelerator.load_state(str(self.directory / f"step-{steps[-1]:08d}"))
+        # DDP lays its buckets out anew after a process's first backward: with more than two
+        # ranks the resumed run's first sums would differ in their last bits (train_state).
+        for ddp in _wrappers(getattr(self.accelerator, "_models", [])):
+            train_state.prime_on_next_forward(ddp)
         return steps[-1]
 
     def step(self, step: int) -> None:
@@ -80,3 +87,16 @@ class Preemptible:
 
     def _entries(self) -> list[Path]:
         return list(self.directory.iterdir()) if self.directory.is_dir() else []
+
+
+def _wrappers(models: list[Any]) -> list[Any]:
+    """The DistributedDataParallel objects around `models`: Accelerate keeps the models it
+    prepared unwrapped, and their wrappers only in what `prepare` returned to the caller (one
+    walk of the interpreter's objects, once per resume)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not models:
+        return []
+    ids = {id(m) for m in models}
+    return [o for o in gc.get_objects()
+            if isinstance(o, DistributedDataParallel) and id(o.module) in ids]  # fmt: skip

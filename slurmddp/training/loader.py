@@ -24,7 +24,8 @@ StatefulDataLoader included:
 
 "Epoch" is the sampler's own (``set_epoch``) with the iterators made since it last changed, or,
 for a sampler without one, the iterators made: a framework that rebuilds a loader to skip
-batches (the Hugging Face Trainer) still sets its sampler's epoch, and the seeds follow it. The
+batches (the Hugging Face Trainer) still sets its sampler's epoch, and the seeds follow it
+(Accelerate's loaders write theirs on a sampler that keeps none: `follow_accelerate_epochs`). The
 seed is ``torch.initial_seed()`` when the loader first iterates (the seed the script gave
 ``torch.manual_seed``, or torch's fixed default), then the checkpoint's. Augmentation therefore
 differs from vanilla PyTorch's, but is the same in a resumed and an uninterrupted run, at any
@@ -133,10 +134,12 @@ class _Track:
         self.users = self.sampler_state = None
         if generator is _NONE:
             pass
-        elif generator is None or generator is loader.generator or generator is self.ours:
-            # It would draw its seed from the global generator (or share the loader's): give it
-            # one of this epoch's.
+        elif generator is None or generator is loader.generator or generator in _OURS:
+            # It would draw its seed from the global generator (or share the loader's), or has
+            # one we gave it (perhaps through another loader on the same sampler, as Accelerate's
+            # skip_first_batches makes): give it one of this epoch's.
             self.ours = torch.Generator().manual_seed(mix(self.seed, _SAMPLER, *self.key))
+            _OURS.add(self.ours)
             sampler.generator = self.ours
         else:  # the user's own generator: its state at the epoch's start is the epoch's order
             if restored_generator is not None:
@@ -169,6 +172,7 @@ class _Track:
 
 
 _NONE = object()
+_OURS: weakref.WeakSet[torch.Generator] = weakref.WeakSet()  # the samplers' generators we gave
 _TRACK = "_slurmddp_track"
 # Every loader that made an iterator in this process (for the note when capture names none).
 _seen: weakref.WeakSet[DataLoader] = weakref.WeakSet()
@@ -180,6 +184,31 @@ def track(loader: DataLoader) -> _Track:
         found = _Track()
         loader.__dict__[_TRACK] = found
     return found
+
+
+def follow_accelerate_epochs() -> None:
+    """Have Accelerate's prepared loaders write their epoch on a sampler that keeps none.
+
+    They keep the epoch themselves (`set_epoch`, which each of their iterators also calls); a
+    RandomSampler has none, so the seeds would count the iterators made, and the loader that
+    `skip_first_batches` makes to resume an epoch would draw epoch 0's order (at more than one
+    process, where the order comes from the sampler's generator). Written on the sampler, which
+    the rebuilt loader shares, the epoch is what the seeds follow. Idempotent."""
+    from accelerate import data_loader  # type: ignore[import-untyped]
+
+    for cls in (data_loader.DataLoaderShard, data_loader.DataLoaderDispatcher):
+        original = cls.__dict__.get("set_epoch")
+        if original is None or getattr(original, "_slurmddp", False):
+            continue
+
+        def set_epoch(self: Any, epoch: int, _original: Any = original) -> None:
+            _original(self, epoch)
+            sampler = sampler_of(getattr(self, "base_dataloader", self))
+            if sampler is not None and not callable(getattr(sampler, "set_epoch", None)):
+                sampler.epoch = epoch
+
+        set_epoch._slurmddp = True  # type: ignore[attr-defined]
+        cls.set_epoch = set_epoch
 
 
 def sampler_of(loader: DataLoader) -> Any:

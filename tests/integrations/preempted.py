@@ -4,11 +4,12 @@ preempted mid-training, resumes where it stopped and ends bitwise equal to an un
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import launcher_free_env, tagged_json
+from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
 from tests.preemption.test_preemption_cluster import Job
 
 # How the cluster signals a preemption: our configuration (USR2 first, then TERM), and Slurm's
@@ -33,6 +34,25 @@ def run_locally(script: str, out_flag: str, out: Path, steps: int, stop_at: int 
                        env={**launcher_free_env(), "OMP_NUM_THREADS": "1", **env})  # fmt: skip
     assert r.returncode == 0, r.stderr
     return tagged_json(r.stdout, "RESULT ")
+
+
+def faulted(script: str, out_flag: str, out: Path, steps: int, *more: str, ranks: int = 1,
+            **env: str) -> tuple[list[dict], str]:  # fmt: skip
+    """A framework's example through tests/programs/faults.py (`env`: STOP_AT, CRASH_AT), in one
+    process, or `ranks` under slurmddp.agent (torchrun) on this host, restarted once if a worker
+    dies. Its RESULT lines by rank (none when it stopped or was killed), and its stderr."""
+    args = [str(PROGRAMS / "faults.py"), script, "--steps", str(steps), out_flag, str(out), *more]
+    if ranks > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = ["-m", "slurmddp.agent", "--nnodes", "1", "--nproc-per-node", str(ranks),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--max-restarts", "1", *args]  # fmt: skip
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
+                       env=launcher_free_env(OMP_NUM_THREADS="1", **env))  # fmt: skip
+    assert r.returncode == (-9 if ranks == 1 and "CRASH_AT" in env else 0), r.stderr[-3000:]
+    return sorted(tagged_json(r.stdout, "RESULT "), key=lambda x: x["rank"]), r.stderr
 
 
 def stopped_then_resumed(script: str, out_flag: str, out: Path, steps: int, stop_at: int,

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import SIGNALLING, preempted_once, run_locally
+from tests.integrations.preempted import SIGNALLING, faulted, preempted_once, run_locally
 
 pytest.importorskip("accelerate")
 
@@ -52,6 +52,20 @@ def test_random_augmentation_in_workers_resumes_bitwise(tmp_path):
     reference = run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "ref", 100, None, *more)
     assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, 90, *more) == []
     assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, None, *more) == reference
+
+
+# Four ranks, 16 steps an epoch, stopped at step 20 of 40: the resumed epoch's loader is the
+# one `skip_first_batches` rebuilds, whose RandomSampler has no epoch of its own (it drew epoch
+# 0's order until Accelerate's epoch was written on it), and DDP's first backward after the
+# restart is primed (the sums of 4 ranks differ in their last bits otherwise).
+def test_four_ranks_resume_bitwise_in_a_later_epoch(tmp_path):
+    more = ("--augment", "--workers", "2")
+    reference, _ = faulted(SCRIPT, "--checkpoint-dir", tmp_path / "ref", 40, *more, ranks=4)
+    assert len(reference) == 4 and len({x["digest"] for x in reference}) == 1
+    assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 40, *more, ranks=4,
+                   STOP_AT="20")[0] == []  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["step-00000020"]
+    assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 40, *more, ranks=4)[0] == reference
 
 
 @pytest.mark.cluster

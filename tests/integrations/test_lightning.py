@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import PROGRAMS, ROOT, launcher_free_env, tagged_json
+from tests.conftest import ROOT
+from tests.integrations import preempted
 from tests.integrations.preempted import preempted_once, run_locally
 
 pytest.importorskip("lightning")
@@ -63,27 +61,11 @@ def test_dropout_and_augmentation_in_workers_resume_bitwise(tmp_path, loader, st
     assert run(tmp_path / "ckpt", 100, None, *more) == reference
 
 
-FAULTS = str(PROGRAMS / "lightning_faults.py")
-
-
 def faulted(ckpt, *more: str, ranks: int = 1, **env: str) -> tuple[list[dict], str]:
-    """tests/programs/lightning_faults.py, as users train (`TRAINING_AS_USERS_WRITE_IT`, torch's
-    DataLoader), 30 steps: one process, or `ranks` under slurmddp.agent (torchrun) on this host,
-    restarted once if a worker dies. Its RESULT lines by rank (none when it stopped or was
-    killed), and its stderr."""
-    args = [FAULTS, "--steps", "30", "--checkpoint-dir", str(ckpt), *TRAINING_AS_USERS_WRITE_IT,
-            "--plain", *more]  # fmt: skip
-    if ranks > 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        args = ["-m", "slurmddp.agent", "--nnodes", "1", "--nproc-per-node", str(ranks),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                "--max-restarts", "1", *args]  # fmt: skip
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
-                       env=launcher_free_env(OMP_NUM_THREADS="1", **env))  # fmt: skip
-    assert r.returncode == (-9 if ranks == 1 and "CRASH_AT" in env else 0), r.stderr[-3000:]
-    return sorted(tagged_json(r.stdout, "RESULT "), key=lambda x: x["rank"]), r.stderr
+    """The example as users train (`TRAINING_AS_USERS_WRITE_IT`, torch's DataLoader), 30 steps,
+    with a fault (`preempted.faulted`)."""
+    return preempted.faulted(SCRIPT, "--checkpoint-dir", ckpt, 30, *TRAINING_AS_USERS_WRITE_IT,
+                             "--plain", *more, ranks=ranks, **env)  # fmt: skip
 
 
 def resumed_from_snapshot(stderr: str) -> int:

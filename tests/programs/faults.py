@@ -1,21 +1,18 @@
-"""examples/lightning_train.py with a fault injected, for a launcher to run on every rank.
+"""A framework's example (the first argument, the rest its own) with a fault injected, for a
+launcher to run on every rank.
 
 Environment: STOP_AT: an agreed stop at the STOP_AT-th should_stop() call of every rank (the
-requeue then only ends the process). CRASH_AT: the worker of rank CRASH_RANK (default 1) kills
-itself (SIGKILL, as the kernel's OOM killer does) once its global step reaches CRASH_AT, in the
-workers' first start only, for torchrun to restart them all. Arguments are the training's.
+requeue then only ends the process). CRASH_AT (Lightning's example): the worker of rank
+CRASH_RANK (default 1) kills itself (SIGKILL, as the kernel's OOM killer does) once its global
+step reaches CRASH_AT, in the workers' first start only, for torchrun to restart them all.
 """
 
 import os
 import runpy
 import signal
 import sys
-from pathlib import Path
 
-from slurmddp.integrations import lightning
 from slurmddp.preemption import api
-
-TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "lightning_train.py")
 
 if os.environ.get("STOP_AT"):
     calls = []
@@ -32,6 +29,8 @@ if os.environ.get("STOP_AT"):
 
 if (os.environ.get("CRASH_AT") and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "1")):  # fmt: skip
+    from slurmddp.integrations import lightning
+
     crash_at = int(os.environ["CRASH_AT"])
     batch_end = lightning.StopProtocol.on_train_batch_end
 
@@ -42,5 +41,6 @@ if (os.environ.get("CRASH_AT") and os.environ.get("TORCHELASTIC_RESTART_COUNT", 
 
     lightning.StopProtocol.on_train_batch_end = on_train_batch_end
 
-sys.argv = [TRAIN, *sys.argv[1:]]
-runpy.run_path(TRAIN, run_name="__main__")
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
