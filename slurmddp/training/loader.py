@@ -134,13 +134,14 @@ class _Track:
         self.users = self.sampler_state = None
         if generator is _NONE:
             pass
-        elif generator is None or generator is loader.generator or generator in _OURS:
+        elif (generator is None or generator is loader.generator
+              or generator is getattr(sampler, _GIVEN, None)):  # fmt: skip
             # It would draw its seed from the global generator (or share the loader's), or has
             # one we gave it (perhaps through another loader on the same sampler, as Accelerate's
             # skip_first_batches makes): give it one of this epoch's.
             self.ours = torch.Generator().manual_seed(mix(self.seed, _SAMPLER, *self.key))
-            _OURS.add(self.ours)
             sampler.generator = self.ours
+            setattr(sampler, _GIVEN, self.ours)
         else:  # the user's own generator: its state at the epoch's start is the epoch's order
             if restored_generator is not None:
                 generator.set_state(restored_generator)
@@ -172,7 +173,9 @@ class _Track:
 
 
 _NONE = object()
-_OURS: weakref.WeakSet[torch.Generator] = weakref.WeakSet()  # the samplers' generators we gave
+# On a sampler: the generator we gave it (torch's Generator takes no attribute, nor, before
+# torch 2.9 or so, a weak reference).
+_GIVEN = "_slurmddp_generator"
 _TRACK = "_slurmddp_track"
 # Every loader that made an iterator in this process (for the note when capture names none).
 _seen: weakref.WeakSet[DataLoader] = weakref.WeakSet()
