@@ -7,7 +7,10 @@
 `resume()` before it (loads the newest ``step-N`` with `load_state`), `step(n)` after each step
 (on an agreed stop: `save_state`, then requeue), `done()` after it. The data position follows from
 the step: the epoch's sampler is seeded by the epoch, and the batches the restored step already
-saw are skipped. Every rank prints ``RESULT {...}`` with a digest of its final parameters.
+saw are skipped. With ``--snapshot-every N`` the state `save_state` would save is also kept in
+the nodes' memory every N steps (within 2% of the training's time), and a rank killed resumes from
+the newest snapshot instead of the last ``step-N``. Every rank prints ``RESULT {...}`` with a
+digest of its final parameters.
 """
 
 import argparse
@@ -40,6 +43,11 @@ def main() -> int:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--augment", action="store_true", help="random noise on every sample")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="keep a snapshot in the nodes' memory every N steps (0: none)")
+    p.add_argument("--snapshot-budget", type=lambda v: None if v == "none" else float(v),
+                   default=0.02, help="the fraction of the training's time snapshots may take "
+                   "(spaced wider if they would take more); none: every N steps whatever they cost")
     opts = p.parse_args()
 
     set_seed(0)
@@ -50,10 +58,11 @@ def main() -> int:
                         generator=torch.Generator().manual_seed(0))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1),
                                 torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
-    pre = Preemptible(accelerator, opts.checkpoint_dir)
+    pre = Preemptible(accelerator, opts.checkpoint_dir, snapshot_every=opts.snapshot_every,
+                      snapshot_budget=opts.snapshot_budget)
     step = pre.resume()
     per_epoch = len(loader)
     while step < opts.steps:
@@ -76,7 +85,8 @@ def main() -> int:
 
     flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    result = {"rank": accelerator.process_index, "steps": step, "digest": digest}
+    result = {"rank": accelerator.process_index, "steps": step, "digest": digest,
+              "finite": bool(flat.isfinite().all())}
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")
     return 0
 

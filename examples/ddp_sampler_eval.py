@@ -117,6 +117,7 @@ def main() -> None:
         flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
         result = {"world_size": world, "epochs": args.epochs, "steps": step,
                   "val_loss": round(val_loss, 6),
+                  "finite": bool(flat.isfinite().all()),
                   "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
                   "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)

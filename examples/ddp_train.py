@@ -51,6 +51,7 @@ def main() -> int:
     result = {
         "rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
         "steps": args.steps, "loss": round(loss.item(), 6), "digest": digest,
+        "finite": bool(flat.isfinite().all()),
     }  # fmt: skip
     # One write per line, so ranks sharing a pipe (torchrun's workers) cannot interleave.
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")

@@ -106,6 +106,7 @@ def main() -> None:
         local = sum(q.to_local().numel() for q in model.parameters())
         result = {"world_size": world, "steps": step, "loss": round(loss.item(), 6),
                   "parameters": flat.numel(), "parameters_on_rank0": local,
+                  "finite": bool(flat.isfinite().all()),
                   "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     ckpt.wait()  # an asynchronous sharded save needs the process group until it is written

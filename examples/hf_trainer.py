@@ -6,8 +6,10 @@
 `slurmddp.integrations.transformers.train(trainer)` replaces ``trainer.train()``: on a stop the
 Trainer saves its own checkpoint and the job is requeued; the next run resumes from the newest
 checkpoint in ``--output-dir`` (the Trainer restores model, optimizer, scheduler, RNG and data
-position). The model is a tiny GPT-2 built from its config: nothing downloads. Every rank prints
-``RESULT {...}`` with a digest of its final parameters.
+position). With ``--snapshot-every N`` that state is also kept in the nodes' memory every N
+steps (within 2% of the training's time), and a rank killed resumes from the newest snapshot
+instead of the last checkpoint. The model is a tiny GPT-2 built from its config: nothing
+downloads. Every rank prints ``RESULT {...}`` with a digest of its final parameters.
 """
 
 import argparse
@@ -65,6 +67,11 @@ def main() -> int:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--augment", action="store_true", help="random token replacement")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="keep a snapshot in the nodes' memory every N steps (0: none)")
+    p.add_argument("--snapshot-budget", type=lambda v: None if v == "none" else float(v),
+                   default=0.02, help="the fraction of the training's time snapshots may take "
+                   "(spaced wider if they would take more); none: every N steps whatever they cost")
     opts = p.parse_args()
 
     torch.manual_seed(0)
@@ -78,12 +85,13 @@ def main() -> int:
     data = Masked() if opts.augment else Tokens()
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data,
                       callbacks=[Pace(opts.step_time, opts.log_every)])
-    train(trainer)
+    train(trainer, snapshot_every=opts.snapshot_every, snapshot_budget=opts.snapshot_budget)
 
     flat = torch.cat([q.detach().cpu().flatten() for q in trainer.model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     rank = trainer.args.process_index
-    result = {"rank": rank, "steps": trainer.state.global_step, "digest": digest}
+    result = {"rank": rank, "steps": trainer.state.global_step, "digest": digest,
+              "finite": bool(flat.isfinite().all())}
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")
     return 0
 

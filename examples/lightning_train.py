@@ -115,7 +115,8 @@ def main() -> int:
 
     flat = torch.cat([q.detach().cpu().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    result = {"rank": trainer.global_rank, "steps": trainer.global_step, "digest": digest}
+    result = {"rank": trainer.global_rank, "steps": trainer.global_step, "digest": digest,
+              "finite": bool(flat.isfinite().all())}
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")
     return 0
 

@@ -119,6 +119,7 @@ def main() -> int:
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     result = {"rank": rank, "world_size": world, "steps": step, "digest": digest,
+              "finite": bool(flat.isfinite().all()),
               "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}  # fmt: skip
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")  # one write: ranks may share a pipe
     sys.stdout.flush()

@@ -84,8 +84,12 @@ def _switch(name: str) -> None:
 
 
 def tagged_json(stdout: str, tag: str) -> list[dict]:
-    """The JSON payloads of every output line that starts with `tag`."""
-    return [json.loads(line.split(tag, 1)[1]) for line in stdout.splitlines() if tag in line]
+    """The JSON payloads of every output line that starts with `tag`. A payload that says whether
+    its parameters are finite must say they are: a diverged training's digest of NaNs equals
+    every other's, and would prove any resume bitwise."""
+    payloads = [json.loads(line.split(tag, 1)[1]) for line in stdout.splitlines() if tag in line]
+    assert all(p.get("finite", True) for p in payloads if isinstance(p, dict)), payloads
+    return payloads
 
 
 @pytest.fixture(scope="session")

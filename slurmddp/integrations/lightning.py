@@ -27,7 +27,8 @@ killed, or a node lost and replaced by a spare, then costs the steps since the l
 not the run. At the start of fit (once Lightning has joined the process group) the ranks take the
 newest complete snapshot newer than the newest ``step-N.ckpt`` and Lightning restores from it
 as from that file. No snapshot is taken at an epoch's last batch (see the stop, below) nor in the
-middle of gradient accumulation (the accumulated gradients are in no checkpoint).
+middle of gradient accumulation (the accumulated gradients are in no checkpoint); FSDP, DeepSpeed
+and model-parallel strategies, whose states are sharded, are refused as fit starts.
 
 Lightning's own SLURM auto-requeue (its SIGUSR1 handler) is left out, and said so, when the stop
 signal is USR1: slurmddp's handler is installed first, and Lightning adds its own only where none
@@ -61,6 +62,8 @@ __all__ = ["StopProtocol", "fit"]
 
 _STEP = re.compile(r"step-(\d+)\.ckpt")
 _KEY = "slurmddp"  # the callback's entry in Lightning's checkpoint
+# Lightning's strategies whose ranks each hold a part of the model's state.
+_SHARDED = {"FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy"}
 
 
 class StopProtocol(Callback):
@@ -147,6 +150,12 @@ class StopProtocol(Callback):
         # agree on a newer snapshot here, and Lightning restores from it instead.
         if self.snapshots is None or stage != "fit":
             return
+        sharded = next((c.__name__ for c in type(trainer.strategy).__mro__
+                        if c.__name__ in _SHARDED), None)  # fmt: skip
+        if sharded is not None:
+            raise ValueError(f"snapshots keep replicated states only, and under {sharded} each "
+                             "rank holds a part of the model's: leave snapshot_every at 0 there "
+                             "(the stop's checkpoint still works)")  # fmt: skip
         durable = self.latest()
         match = _STEP.fullmatch(Path(durable).name) if durable else None
         found = self.snapshots.recover(int(match[1]) if match else None, "cpu")

@@ -211,25 +211,34 @@ def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replic
     assert len(results) == 4 and {r["digest"] for r in results} == {loop_digest}, results
 
 
-LIGHTNING = str(ROOT / "examples" / "lightning_train.py")
+# The framework integrations as users train: each one's example (Lightning's Trainer through
+# fit(..., snapshot_every=1), an Accelerate loop through Preemptible(..., snapshot_every=1), the
+# Hugging Face Trainer through train(..., snapshot_every=1); the default budget), dropout,
+# torch's DataLoader with 2 workers adding noise. Its script, where it saves, its own options.
+FRAMEWORKS = {
+    "lightning": [str(ROOT / "examples" / "lightning_train.py"), "--checkpoint-dir",
+                  "--dropout", "0.2", "--plain"],
+    "accelerate": [str(ROOT / "examples" / "accelerate_train.py"), "--checkpoint-dir"],
+    "transformers": [str(ROOT / "examples" / "hf_trainer.py"), "--output-dir"],
+}
 
 
-def test_a_lightning_fit_with_a_node_lost_resumes_from_snapshots_bitwise(slurm_cluster, tmp_path):
-    # The framework integration as users train: Lightning's Trainer (fit(..., snapshot_every=1),
-    # the default budget), dropout, torch's DataLoader with 2 workers adding noise; 2 nodes x 2
-    # ranks and a spare under torchrun (so 4 ranks: the resumed DDP is primed, or the sums
-    # differ); a node's processes killed at step 60 or so. Nothing durable is written before.
-    common = [*SPARE_ONE, "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}", LIGHTNING,
-              "--steps", "200", "--log-every", "1", "--dropout", "0.2", "--augment",
-              "--workers", "2", "--plain"]  # fmt: skip
-    reference = Job(slurm_cluster, tmp_path, [*common, "--checkpoint-dir",
-                                              str(tmp_path / "ref")])  # fmt: skip
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_a_frameworks_loop_with_a_node_lost_resumes_from_snapshots_bitwise(slurm_cluster,
+                                                                          tmp_path, framework):
+    # 2 nodes x 2 ranks and a spare under torchrun (so 4 ranks: the resumed DDP is primed, or the
+    # sums differ); a node's processes killed at step 60 or so. Nothing durable is written before.
+    script, out, *own = FRAMEWORKS[framework]
+    common = [*SPARE_ONE, "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}", script,
+              "--steps", "120", "--log-every", "1", "--augment", "--workers", "2",
+              *own]  # fmt: skip
+    reference = Job(slurm_cluster, tmp_path, [*common, out, str(tmp_path / "ref")])
     end = reference.wait_end(timeout=300)
     assert end["JobState"] == "COMPLETED", reference.batch_log
     digests = set(re.findall(r'RESULT .*"digest": "(\w+)"', "".join(node_logs(reference).values())))
     assert len(digests) == 1, node_logs(reference)
     job = Job(slurm_cluster, tmp_path, [*common, "--step-time", "0.1", "--snapshot-every", "1",
-                                        "--checkpoint-dir", str(tmp_path / "ckpt")])  # fmt: skip
+                                        out, str(tmp_path / "ckpt")])  # fmt: skip
     wait_logged(job, "] step 60 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = next(node for node in nodes[1:] if workers_on(job, node))

@@ -55,6 +55,33 @@ def faulted(script: str, out_flag: str, out: Path, steps: int, *more: str, ranks
     return sorted(tagged_json(r.stdout, "RESULT "), key=lambda x: x["rank"]), r.stderr
 
 
+def resumed_from_snapshot(stderr: str) -> int:
+    """The step the one recovery said on stderr resumed at, from the nodes' snapshots."""
+    found = re.findall(r"resuming from the snapshot of step (\d+) in the nodes' memory", stderr)
+    assert len(found) == 1, stderr[-3000:]
+    return int(found[0])
+
+
+def killed_then_resumed(script: str, out_flag: str, tmp_path: Path, ranks: int,
+                        *more: str) -> tuple[list[dict], list[dict], int]:  # fmt: skip
+    """A framework's example (40 steps; `more`: its options) uninterrupted, and with a snapshot
+    every step (no budget: on a loaded machine it spaces them wider, to before the first epoch's
+    end at 4 ranks) and rank 1 (alone: 0) killed at step 24: at 4 ranks torchrun restarts them
+    all, alone it is run again. Each run's RESULT lines, and the step the killed run resumed at
+    from a snapshot. Nothing durable is written before."""
+    shm = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path / "shm")}
+    every = ("--snapshot-every", "1", "--snapshot-budget", "none")
+    out = tmp_path / "killed"
+    reference, _ = faulted(script, out_flag, tmp_path / "reference", 40, *more, ranks=ranks)
+    killed = faulted(script, out_flag, out, 40, *every, *more, ranks=ranks, CRASH_AT="24",
+                     CRASH_RANK="1" if ranks > 1 else "0", **shm)  # fmt: skip
+    if ranks == 1:
+        assert killed[0] == []
+        killed = faulted(script, out_flag, out, 40, *every, *more, **shm)
+    assert not list(out.glob("*step-*")) and not list(out.glob("checkpoint-*"))
+    return reference, killed[0], resumed_from_snapshot(killed[1])
+
+
 def stopped_then_resumed(script: str, out_flag: str, out: Path, steps: int, stop_at: int,
                          *more: str, **env: str) -> list[dict]:  # fmt: skip
     """The example stopped at `stop_at` (saving its checkpoint), then run again to its end."""

@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import SIGNALLING, faulted, preempted_once, run_locally
+from tests.integrations.preempted import (
+    SIGNALLING,
+    faulted,
+    killed_then_resumed,
+    preempted_once,
+    run_locally,
+)
 
 pytest.importorskip("accelerate")
 
@@ -66,6 +72,63 @@ def test_four_ranks_resume_bitwise_in_a_later_epoch(tmp_path):
                    STOP_AT="20")[0] == []  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["step-00000020"]
     assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 40, *more, ranks=4)[0] == reference
+
+
+# Issue 30: snapshots every step of what save_state saves; a rank
+# killed (SIGKILL, nothing durable written) resumes from the newest snapshot, and ends bitwise:
+# alone, and at 4 ranks (torchrun restarts all of them) past the first epoch, as users train.
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_a_killed_loop_resumes_from_its_snapshot_bitwise(tmp_path, ranks):
+    reference, resumed, at = killed_then_resumed(SCRIPT, "--checkpoint-dir", tmp_path, ranks,
+                                                 "--augment", "--workers", "2")  # fmt: skip
+    assert 22 <= at <= 24, at  # the snapshot of 24, or one before if 24's was not complete
+    assert len(resumed) == ranks and resumed == reference
+
+
+def test_no_snapshot_is_offered_in_the_middle_of_gradient_accumulation(tmp_path, monkeypatch):
+    import torch
+    from accelerate import Accelerator
+
+    from slurmddp.integrations.accelerate import Preemptible
+
+    monkeypatch.setenv("SLURMDDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    pre = Preemptible(accelerator, tmp_path / "ckpt", snapshot_every=1, snapshot_budget=None)
+    offered = []
+    offer = pre.snapshots.offer
+    monkeypatch.setattr(pre.snapshots, "offer", lambda step, state: offered.append(step)
+                        or offer(step, state))  # fmt: skip
+    for batch in range(1, 7):
+        with accelerator.accumulate(model):
+            accelerator.backward(model(torch.ones(2, 4)).sum())
+            optimizer.step()
+            optimizer.zero_grad()
+        pre.step(batch)
+    assert offered == [2, 4, 6]
+    pre.snapshots.close()
+
+
+def test_snapshots_refuse_sharded_models_and_stateful_loaders_and_check_options(tmp_path):
+    from types import SimpleNamespace
+
+    from slurmddp.integrations.accelerate import Preemptible
+
+    for kind in ("FSDP", "DEEPSPEED"):
+        fake = SimpleNamespace(distributed_type=SimpleNamespace(name=kind))
+        with pytest.raises(ValueError, match=f"under {kind} each process holds a part"):
+            Preemptible(fake, tmp_path, snapshot_every=1)
+        assert Preemptible(fake, tmp_path).snapshots is None  # the stop alone is fine
+    stateful = SimpleNamespace(distributed_type=SimpleNamespace(name="MULTI_CPU"),
+                               dataloader_config=SimpleNamespace(use_stateful_dataloader=True))
+    with pytest.raises(ValueError, match="snapshots do not keep a stateful loader's position"):
+        Preemptible(stateful, tmp_path, snapshot_every=1)
+    plain = SimpleNamespace(distributed_type=SimpleNamespace(name="MULTI_CPU"))
+    with pytest.raises(ValueError, match="snapshot_keep must be a positive integer, not 0"):
+        Preemptible(plain, tmp_path, snapshot_every=1, snapshot_keep=0)
+    assert Preemptible(plain, tmp_path, snapshot_every=1).snapshots is not None
 
 
 @pytest.mark.cluster

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from tests.conftest import ROOT
 from tests.integrations import preempted
-from tests.integrations.preempted import preempted_once, run_locally
+from tests.integrations.preempted import preempted_once, resumed_from_snapshot, run_locally
 
 pytest.importorskip("lightning")
 pytest.importorskip("torchdata")
@@ -68,12 +66,6 @@ def faulted(ckpt, *more: str, ranks: int = 1, **env: str) -> tuple[list[dict], s
                              "--plain", *more, ranks=ranks, **env)  # fmt: skip
 
 
-def resumed_from_snapshot(stderr: str) -> int:
-    found = re.findall(r"resuming from the snapshot of step (\d+) in the nodes' memory", stderr)
-    assert len(found) == 1, stderr[-3000:]
-    return int(found[0])
-
-
 # Issue 30: the Trainer's checkpoint kept in the node's memory (snapshot_every=1, within the
 # default budget); the process killed mid-epoch (SIGKILL, no checkpoint written) resumes from the
 # last snapshot, not from the start, and ends bitwise.
@@ -108,6 +100,19 @@ def test_snapshot_options_are_checked_as_the_checkpointers_are(tmp_path):
         StopProtocol(tmp_path, snapshot_every=-1)
     with pytest.raises(ValueError, match="snapshot_budget must be a fraction"):
         StopProtocol(tmp_path, snapshot_every=1, snapshot_budget=2)
+
+
+def test_snapshots_are_refused_under_a_sharded_strategy(tmp_path):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from slurmddp.integrations.lightning import StopProtocol
+
+    trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match="under FSDPStrategy each rank holds a part"):
+        StopProtocol(tmp_path, snapshot_every=1).setup(trainer, None, "fit")
+    StopProtocol(tmp_path).setup(trainer, None, "fit")  # the stop alone is fine
 
 
 # Lightning picks its SLURMEnvironment under srun. USR1 is also its auto-requeue signal; with

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import ROOT, launcher_free_env, tagged_json
 from tests.integrations.preempted import (
     SIGNALLING,
+    killed_then_resumed,
     preempted_once,
     run_locally,
     stopped_then_resumed,
@@ -50,6 +51,42 @@ def test_random_augmentation_in_workers_resumes_bitwise_and_without_the_seeding_
     # seeds came from where the resumed run's generator stood as the loader started).
     assert stopped_then_resumed(SCRIPT, "--output-dir", tmp_path / "b", 100, 90, *more,
                                 SLURMDDP_EXACT_DATA="0") != reference  # fmt: skip
+
+
+# Issue 30: snapshots every step of what the Trainer's checkpoint
+# holds; a rank killed (SIGKILL, nothing durable written) resumes from the newest snapshot,
+# written out as the Trainer's checkpoint files, and ends bitwise: alone, and at 4 ranks
+# (torchrun restarts all of them) past the first epoch (16 steps at 4 ranks), as users train.
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_a_killed_trainer_resumes_from_its_snapshot_bitwise(tmp_path, ranks):
+    reference, resumed, at = killed_then_resumed(SCRIPT, "--output-dir", tmp_path, ranks,
+                                                 "--augment", "--workers", "2")  # fmt: skip
+    assert 22 <= at <= 24, at  # the snapshot of 24, or one before if 24's was not complete
+    assert len(resumed) == ranks and resumed == reference
+    # The checkpoint files it was written out as went with the run.
+    assert not list((tmp_path / "shm").glob("*/slurmddp-resume-*"))
+
+
+def test_snapshot_options_are_checked_and_sharded_models_refused():
+    from types import SimpleNamespace
+
+    from slurmddp.integrations.transformers import StopProtocol, train
+
+    with pytest.raises(ValueError, match="snapshot_every must be an integer >= 0, not -1"):
+        StopProtocol(snapshot_every=-1)
+    assert StopProtocol().snapshots is None and StopProtocol(snapshot_every=1).snapshots
+
+    def trainer(**kind):
+        def never(*_, **__):
+            raise AssertionError("nothing is half done on a refusal")
+
+        return SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[]), train=never,
+                               add_callback=never, **kind)  # fmt: skip
+
+    for kind in ({"is_fsdp_enabled": True, "is_deepspeed_enabled": False},
+                 {"is_fsdp_enabled": False, "is_deepspeed_enabled": True}):  # fmt: skip
+        with pytest.raises(ValueError, match="under FSDP or DeepSpeed each rank holds a part"):
+            train(trainer(**kind), snapshot_every=1)
 
 
 @pytest.mark.cluster

@@ -2,9 +2,9 @@
 launcher to run on every rank.
 
 Environment: STOP_AT: an agreed stop at the STOP_AT-th should_stop() call of every rank (the
-requeue then only ends the process). CRASH_AT (Lightning's example): the worker of rank
-CRASH_RANK (default 1) kills itself (SIGKILL, as the kernel's OOM killer does) once its global
-step reaches CRASH_AT, in the workers' first start only, for torchrun to restart them all.
+requeue then only ends the process). CRASH_AT (the Lightning, Accelerate and Trainer examples):
+the worker of rank CRASH_RANK (default 1) kills itself (SIGKILL, as the kernel's OOM killer does)
+once its step reaches CRASH_AT, in the workers' first start only, for torchrun to restart them.
 """
 
 import os
@@ -29,17 +29,41 @@ if os.environ.get("STOP_AT"):
 
 if (os.environ.get("CRASH_AT") and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         and os.environ.get("RANK", "0") == os.environ.get("CRASH_RANK", "1")):  # fmt: skip
-    from slurmddp.integrations import lightning
-
     crash_at = int(os.environ["CRASH_AT"])
-    batch_end = lightning.StopProtocol.on_train_batch_end
+    if "hf_trainer" in os.path.basename(sys.argv[1]):
+        from slurmddp.integrations import transformers
 
-    def on_train_batch_end(self, trainer, *args):
-        batch_end(self, trainer, *args)
-        if trainer.global_step >= crash_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+        step_end = transformers.StopProtocol.on_step_end
 
-    lightning.StopProtocol.on_train_batch_end = on_train_batch_end
+        def on_step_end(self, args, state, control, **kwargs):
+            control = step_end(self, args, state, control, **kwargs)
+            if state.global_step >= crash_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return control
+
+        transformers.StopProtocol.on_step_end = on_step_end
+    elif "accelerate" in os.path.basename(sys.argv[1]):
+        from slurmddp.integrations import accelerate
+
+        step = accelerate.Preemptible.step
+
+        def stepped(self, n):
+            step(self, n)
+            if n >= crash_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        accelerate.Preemptible.step = stepped
+    else:
+        from slurmddp.integrations import lightning
+
+        batch_end = lightning.StopProtocol.on_train_batch_end
+
+        def on_train_batch_end(self, trainer, *args):
+            batch_end(self, trainer, *args)
+            if trainer.global_step >= crash_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        lightning.StopProtocol.on_train_batch_end = on_train_batch_end
 
 script = sys.argv[1]
 sys.argv = sys.argv[1:]

@@ -58,7 +58,8 @@ for step in range(start, args.steps):
     if rank == 0 and (step + 1) % 50 == 0:
         print(f"step {step + 1}", flush=True)
 digest = hashlib.sha256(weights.numpy().tobytes()).hexdigest()
-result = {"rank": rank, "steps": args.steps, "start": start, "digest": digest}
+result = {"rank": rank, "steps": args.steps, "start": start, "digest": digest,
+          "finite": bool(weights.isfinite().all())}
 sys.stdout.write(f"RESULT {json.dumps(result)}\n")
 sys.stdout.flush()
 dist.barrier()

@@ -149,7 +149,8 @@ def main() -> None:
 
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    result = {"rank": dist.rank, "digest": digest, "start": start, "steps": step,
+    result = {"rank": dist.rank, "digest": digest, "finite": bool(flat.isfinite().all()),
+              "start": start, "steps": step,
               "resumed": str(loaded.path) if loaded else None}
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")  # one write: ranks may share a pipe
     sys.stdout.flush()

@@ -71,6 +71,7 @@ slurmddp.mark_done()
 
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-result = {"rank": dist.rank, "digest": digest, "start": start}
+result = {"rank": dist.rank, "digest": digest, "finite": bool(flat.isfinite().all()),
+          "start": start}
 sys.stdout.write(f"RESULT {json.dumps(result)}\n")  # one write: ranks may share a pipe
 sys.stdout.flush()

@@ -73,6 +73,7 @@ if __name__ == "__main__":
 
     flat = torch.cat([q.detach().flatten() for q in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    result = {"rank": torch.distributed.get_rank(), "digest": digest}
+    result = {"rank": torch.distributed.get_rank(), "digest": digest,
+              "finite": bool(flat.isfinite().all())}
     sys.stdout.write(f"RESULT {json.dumps(result)}\n")
     sys.stdout.flush()
