@@ -90,8 +90,12 @@ def test_no_snapshot_is_offered_in_the_middle_of_gradient_accumulation(tmp_path,
     from accelerate import Accelerator
 
     from slurmddp.integrations.accelerate import Preemptible
+    from slurmddp.preemption import api
 
     monkeypatch.setenv("SLURMDDP_SNAPSHOT_DIR", str(tmp_path / "shm"))
+    # The stop protocol, installed in this process, would take the stop signals from the tests
+    # that follow (they are its own tests' subject, not this one's).
+    monkeypatch.setattr(api, "should_stop", lambda: False)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
