@@ -63,9 +63,7 @@ class Preemptible:
         snapshots.Snapshots.check_options(snapshot_every, snapshot_keep, snapshot_budget)
         kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
         if snapshot_every and kind in _SHARDED:
-            raise ValueError(f"snapshots keep replicated states only, and under {kind} each "
-                             "process holds a part of the model's: leave snapshot_every at 0 "
-                             "there (the stop's save_state still works)")  # fmt: skip
+            raise snapshots.Snapshots.refuse_sharded(kind)
         config = getattr(accelerator, "dataloader_config", None)
         if snapshot_every and getattr(config, "use_stateful_dataloader", False):
             raise ValueError("snapshots do not keep a stateful loader's position: leave "

@@ -153,9 +153,7 @@ class StopProtocol(Callback):
         sharded = next((c.__name__ for c in type(trainer.strategy).__mro__
                         if c.__name__ in _SHARDED), None)  # fmt: skip
         if sharded is not None:
-            raise ValueError(f"snapshots keep replicated states only, and under {sharded} each "
-                             "rank holds a part of the model's: leave snapshot_every at 0 there "
-                             "(the stop's checkpoint still works)")  # fmt: skip
+            raise snapshots.Snapshots.refuse_sharded(sharded)
         durable = self.latest()
         match = _STEP.fullmatch(Path(durable).name) if durable else None
         found = self.snapshots.recover(int(match[1]) if match else None, "cpu")

@@ -82,9 +82,7 @@ def train(trainer: Trainer, *, snapshot_every: int = 0, snapshot_keep: int = 2,
                                      snapshot_budget=snapshot_budget)  # fmt: skip
     if callback.snapshots is not None and (trainer.is_fsdp_enabled
                                            or trainer.is_deepspeed_enabled):  # fmt: skip
-        raise ValueError("snapshots keep replicated states only, and under FSDP or DeepSpeed "
-                         "each rank holds a part of the model's: leave snapshot_every at 0 there "
-                         "(the stop's checkpoint still works)")  # fmt: skip
+        raise snapshots.Snapshots.refuse_sharded("FSDP or DeepSpeed")
     if given is None:
         trainer.add_callback(callback)
     callback.trainer = trainer

@@ -122,7 +122,7 @@ def test_snapshots_refuse_sharded_models_and_stateful_loaders_and_check_options(
 
     for kind in ("FSDP", "DEEPSPEED"):
         fake = SimpleNamespace(distributed_type=SimpleNamespace(name=kind))
-        with pytest.raises(ValueError, match=f"under {kind} each process holds a part"):
+        with pytest.raises(ValueError, match=f"under {kind} each rank holds a part"):
             Preemptible(fake, tmp_path, snapshot_every=1)
         assert Preemptible(fake, tmp_path).snapshots is None  # the stop alone is fine
     stateful = SimpleNamespace(distributed_type=SimpleNamespace(name="MULTI_CPU"),

@@ -49,6 +49,14 @@ class Snapshots:
             raise ValueError(f"snapshot_budget must be a fraction of the training's time between 0 "
                              f"and 1 (0.02 is 2%), or None for no limit, not {budget!r}")
 
+    @staticmethod
+    def refuse_sharded(kind: str) -> ValueError:
+        """The error for snapshots asked where each rank holds a part of the model's state
+        (`kind`: FSDP, DeepSpeed...), as the framework integrations raise it."""
+        return ValueError(f"snapshots keep replicated states only, and under {kind} each rank "
+                          "holds a part of the model's: leave snapshot_every at 0 there (the "
+                          "stop's checkpoint still works)")  # fmt: skip
+
     def __init__(self, every: int, keep: int, budget: float | None = None) -> None:
         self.every = every
         self.keep = keep

@@ -1,0 +1,65 @@
+"""The framework integrations' snapshots on the real local cluster: each framework's example, a
+node's processes killed, a spare in its place, resumed from the snapshots, bitwise (the 22.05
+pass; the snapshots' own cluster tests, tests/checkpoint/test_snapshots_cluster.py, also run on
+24.11: what these add is in the frameworks' processes, not in Slurm)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks.cluster import lose_node
+from slurmddp.protocol import SNAPSHOT_DIR_VAR
+from slurmddp.rank import hostlist
+from tests.checkpoint.test_snapshots_cluster import resumed_at
+from tests.conftest import ROOT
+from tests.preemption.test_preemption_cluster import Job
+from tests.test_elastic_cluster import SPARE_ONE, assert_bitwise, node_logs, wait_logged, workers_on
+
+pytestmark = pytest.mark.cluster
+
+# The framework integrations as users train: each one's example (Lightning's Trainer through
+# fit(..., snapshot_every=1), an Accelerate loop through Preemptible(..., snapshot_every=1), the
+# Hugging Face Trainer through train(..., snapshot_every=1); the default budget), dropout,
+# torch's DataLoader with 2 workers adding noise. Its script, where it saves, its own options.
+FRAMEWORKS = {
+    "lightning": [str(ROOT / "examples" / "lightning_train.py"), "--checkpoint-dir",
+                  "--dropout", "0.2", "--plain"],
+    "accelerate": [str(ROOT / "examples" / "accelerate_train.py"), "--checkpoint-dir"],
+    "transformers": [str(ROOT / "examples" / "hf_trainer.py"), "--output-dir"],
+}
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_a_frameworks_loop_with_a_node_lost_resumes_from_snapshots_bitwise(slurm_cluster,
+                                                                          tmp_path, framework):
+    # 2 nodes x 2 ranks and a spare under torchrun (so 4 ranks: the resumed DDP is primed, or the
+    # sums differ); a node's processes killed at step 60 or so. Nothing durable is written before.
+    script, out, *own = FRAMEWORKS[framework]
+    common = [*SPARE_ONE, "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}", script,
+              "--steps", "120", "--log-every", "1", "--augment", "--workers", "2",
+              *own]  # fmt: skip
+    reference = Job(slurm_cluster, tmp_path, [*common, out, str(tmp_path / "ref")])
+    end = reference.wait_end(timeout=300)
+    assert end["JobState"] == "COMPLETED", reference.batch_log
+    digests = set(re.findall(r'RESULT .*"digest": "(\w+)"', "".join(node_logs(reference).values())))
+    assert len(digests) == 1, node_logs(reference)
+    job = Job(slurm_cluster, tmp_path, [*common, "--step-time", "0.1", "--snapshot-every", "1",
+                                        out, str(tmp_path / "ckpt")])  # fmt: skip
+    wait_logged(job, "] step 60 ", 180)
+    nodes = hostlist.expand(job.fields()["NodeList"])
+    lost = next(node for node in nodes[1:] if workers_on(job, node))
+    assert len(lose_node(job.id, lost)) >= 3
+    wait_logged(job, "resuming from the snapshot", 120)
+    logs = "".join(node_logs(job).values())
+    before = max(int(n) for t in node_logs(job).values()
+                 for n in re.findall(r"\] step (\d+) $", t.split("resuming from")[0], re.M))
+    (at,) = resumed_at(logs)
+    assert 50 <= at <= before, (at, before)  # a few steps lost, not the run
+    assert "2 of 4 shards fetched from peers" in logs, logs
+    end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+    assert_bitwise(logs, digests.pop())
