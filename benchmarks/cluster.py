@@ -10,24 +10,29 @@ import subprocess
 from pathlib import Path
 
 from slurmddp.checkpoint.snapshots import store
+from slurmddp.protocol import PORT_RANGE_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cluster_env() -> dict[str, str]:
     """The environment of the local cluster's clients (started if it is not running): its
-    SLURM_CONF, and on Slurm 24.11 ($SLURMDDP_SLURM) the PATH of its commands."""
+    SLURM_CONF, the range its jobs take their ports from (the clusters share this host), and on
+    another Slurm ($SLURMDDP_SLURM) the PATH of its commands."""
     script = ROOT / "scripts" / "slurm-cluster"
     subprocess.run([str(script), "up"], check=True, capture_output=True)
-    shown = subprocess.run(["bash", "-c", f'eval "$({script} env)" && printf "%s\\n%s" '
-                            '"$SLURM_CONF" "$PATH"'], check=True, capture_output=True,
-                           text=True).stdout  # fmt: skip
-    conf, path = shown.split("\n", 1)
-    return os.environ | {"SLURM_CONF": conf, "PATH": path}
+    shown = subprocess.run(["bash", "-c", f'eval "$({script} env)" && printf "%s\\n%s\\n%s" '
+                            f'"$SLURM_CONF" "${PORT_RANGE_VAR}" "$PATH"'], check=True,
+                           capture_output=True, text=True).stdout  # fmt: skip
+    conf, ports, path = shown.split("\n", 2)
+    return os.environ | {"SLURM_CONF": conf, PORT_RANGE_VAR: ports, "PATH": path}
 
 
-def job_processes(job: str, node: str) -> dict[int, dict[str, str]]:
-    """{pid: environment} of the job's processes on `node`, Slurm's own (slurmstepd) aside."""
+def job_processes(job: str, node: str, conf: str) -> dict[int, dict[str, str]]:
+    """{pid: environment} of the job's processes on `node` of the cluster whose SLURM_CONF is
+    `conf`, Slurm's own (slurmstepd) aside."""
+    # The clusters on this host share node names and number their jobs alike, and tests emulate
+    # nodes with the same variables outside any cluster: Slurm sets SLURM_CONF in its tasks.
     found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -39,22 +44,21 @@ def job_processes(job: str, node: str) -> dict[int, dict[str, str]]:
             continue
         env = dict(v.split("=", 1) for v in raw.split("\0") if "=" in v)
         if comm != "slurmstepd" and env.get("SLURM_JOB_ID") == job and (
-                env.get("SLURMD_NODENAME") == node):  # fmt: skip
+                env.get("SLURMD_NODENAME") == node and env.get("SLURM_CONF") == conf):  # fmt: skip
             found[int(proc.name)] = env
     return found
 
 
-def lose_node(job: str, node: str, *, machine: bool = False,
+def lose_node(job: str, node: str, conf: str, *, machine: bool = False,
               sig: signal.Signals = signal.SIGKILL) -> list[int]:  # fmt: skip
     """Lose `node`: SIGKILL the job's processes on it, as a GPU fault ends them (Slurm's
     daemons live on); with `machine`, the whole machine: the node's slurmd and the job's step
     daemons first, so that none reports the end of its tasks, then the tasks. SIGSTOP (`sig`)
     makes it a machine gone silent (a crash, a cut link): no connection of its is reset. The
     pids hit."""
-    tasks = job_processes(job, node)
+    tasks = job_processes(job, node, conf)
     daemons = []
     if machine:
-        conf = next(iter(tasks.values()), {}).get("SLURM_CONF")
         for proc in Path("/proc").iterdir():
             with contextlib.suppress(OSError, ValueError):
                 comm = (proc / "comm").read_text().strip() if proc.name.isdigit() else ""
@@ -76,7 +80,7 @@ def lose_node(job: str, node: str, *, machine: bool = False,
     return hit
 
 
-def _serves(slurmd: Path, node: str, conf: str | None) -> bool:
+def _serves(slurmd: Path, node: str, conf: str) -> bool:
     """Whether the slurmd process is `node`'s of the cluster whose SLURM_CONF is `conf` (the
     22.05 and 24.11 clusters may both run here, with the same node names)."""
     argv = (slurmd / "cmdline").read_bytes().split(b"\0")

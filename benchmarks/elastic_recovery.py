@@ -66,8 +66,8 @@ def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool) -
                                env=env, capture_output=True, text=True).stdout.split()  # fmt: skip
         # A node with workers, not the first (its agent holds the c10d rendezvous).
         lost = next(n for n in nodes[1:]
-                    if any("RANK" in env for env in job_processes(job, n).values()))
-        hit = lose_node(job, lost, machine=machine,
+                    if any("RANK" in e for e in job_processes(job, n, env["SLURM_CONF"]).values()))
+        hit = lose_node(job, lost, env["SLURM_CONF"], machine=machine,
                         sig=signal.SIGSTOP if machine else signal.SIGKILL)  # fmt: skip
         lost_at = time.time()
         if not elastic and not machine:

@@ -18,6 +18,7 @@ Most of every time is eight processes importing torch on this machine's two core
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from benchmarks.cluster import cluster_env
 from benchmarks.table import Row, alternate, report
+from slurmddp.rank.env import derive_port, port_range
 from slurmddp.rank.hostlist import expand
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -69,7 +71,10 @@ def measure(repeats: int) -> dict[str, float]:
     """Inside the allocation: the median time of each contender, alternated."""
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     head = expand(env["SLURM_JOB_NODELIST"])[0]
-    ports = iter(range(29500 + os.getpid() % 1000 * 10, 65000))
+    # The allocation's own ports, as slurmddp derives its steps': no other cluster's job (scripts/
+    # test runs three at once here) nor a job of this one running beside it takes them.
+    job, in_range = int(env["SLURM_JOB_ID"]), port_range(env)
+    ports = (derive_port(job, step, in_range) for step in itertools.count())
 
     def contender(name: str):
         return lambda: _first_collective(_commands(head, next(ports))[name], env)

@@ -49,9 +49,11 @@ def _steps_per_second(*args: str, ranks: int = 2) -> float:
     """Rank 0's steps per second; the snapshot interval it ended with goes to `INTERVALS`."""
     port = str(_free_port())
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI_", "PMI"))}
-    with tempfile.TemporaryDirectory(prefix="slurmddp-bench-shm-", dir="/dev/shm") as shm:
+    with tempfile.TemporaryDirectory(prefix="slurmddp-bench-shm-", dir="/dev/shm") as shm, \
+            tempfile.TemporaryDirectory(prefix="slurmddp-bench-") as work:  # fmt: skip
         procs = [
-            subprocess.Popen([sys.executable, "-m", "slurmddp.run", PROGRAM, *args],
+            subprocess.Popen([sys.executable, "-m", "slurmddp.run", PROGRAM, *args,
+                              "--checkpoint-dir", work],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=base | {"RANK": str(r), "WORLD_SIZE": str(ranks),
                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
@@ -157,9 +159,10 @@ def one_loss(env: dict[str, str], work: Path, *, snapshots: bool) -> dict[str, f
                                capture_output=True, text=True).stdout.strip()  # fmt: skip
         nodes = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env,
                                capture_output=True, text=True).stdout.split()  # fmt: skip
+        conf = env["SLURM_CONF"]
         lost = next(n for n in nodes[1:]
-                    if any("RANK" in e for e in job_processes(job, n).values()))  # fmt: skip
-        lose_node(job, lost)
+                    if any("RANK" in e for e in job_processes(job, n, conf).values()))  # fmt: skip
+        lose_node(job, lost, conf)
         lost_at = time.time()
         _wait(lambda: "resumed from" in "".join(logs()), 400, "resumed run")
         back = time.time() - lost_at

@@ -184,14 +184,18 @@ def test_init_takes_the_public_route_and_leaves_env_alone():
     assert json.loads(r.stdout) == {"scheme": True, "world": 1, "env_patched": False}
 
 
-def test_a_dataloader_worker_is_recognised_by_the_function_its_process_runs(monkeypatch):
+@pytest.mark.parametrize("kind", ["torch", "torchdata"])
+def test_a_dataloader_worker_is_recognised_by_the_function_its_process_runs(monkeypatch, kind):
     import multiprocessing.process
 
     import torch
-    from torch.utils.data import DataLoader
 
     from slurmddp.preemption import workers
 
+    if kind == "torch":
+        from torch.utils.data import DataLoader
+    else:
+        DataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
     targets = []
 
     def record(self):
@@ -202,10 +206,10 @@ def test_a_dataloader_worker_is_recognised_by_the_function_its_process_runs(monk
     loader = DataLoader(torch.arange(4), num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(RuntimeError, match="recorded"):
         next(iter(loader))
-    assert targets, "DataLoader started no worker process"
+    assert targets, f"{DataLoader.__name__} started no worker process"
     assert workers._is_dataloader_worker(targets[0]), (
-        f"torch's DataLoader worker now runs {targets[0]!r}, not torch.utils.data._utils.worker."
-        "_worker_loop: update slurmddp.preemption.workers._WORKER_LOOP"
+        f"{kind}'s {DataLoader.__name__} worker now runs {targets[0].__module__}."
+        f"{targets[0].__name__}: update slurmddp.preemption.workers._WORKER_LOOPS"
     )
 
 

@@ -95,7 +95,8 @@ def node_logs(job: Job) -> dict[int, str]:
 def workers_on(job: Job, node: str) -> list[int]:
     """The ranks of the workers torchrun runs on `node` (none on a spare)."""
     # (Rank 0's hang watchdog monitor has its environment too: one rank, not two.)
-    return sorted({int(env["RANK"]) for env in job_processes(job.id, node).values()
+    found = job_processes(job.id, node, job.cluster.slurm_conf).values()
+    return sorted({int(env["RANK"]) for env in found
                    if "RANK" in env and "TORCHELASTIC_RUN_ID" in env})  # fmt: skip
 
 
@@ -129,7 +130,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_place_and_the_run_ends_bitwise(
     assert sorted(len(ranks) for ranks in working.values()) == [0, 2, 2], working  # one spare
     # Not the first node: its agent holds the c10d rendezvous (etcd-v2 has no such node).
     lost = next(node for node in nodes[1:] if working[node])
-    assert len(lose_node(job.id, lost)) >= 3  # its agent and two workers
+    assert len(lose_node(job.id, lost, job.cluster.slurm_conf)) >= 3  # its agent and two workers
     killed = time.time()
     wait_logged(job, "resumed from ", 120)
     back = time.time() - killed
@@ -157,7 +158,7 @@ def test_with_two_spares_two_nodes_lost_in_a_row_are_replaced_and_the_run_ends_b
     for loss, (after, resumed) in enumerate([("step 60 ", 1), ("step 150 ", 2)]):
         wait_logged(job, after, 180)
         lost = next(node for node in nodes[1:] if workers_on(job, node))
-        assert len(lose_node(job.id, lost)) >= 3, loss
+        assert len(lose_node(job.id, lost, job.cluster.slurm_conf)) >= 3, loss
         killed = time.time()
         wait_until(lambda n=resumed: "".join(node_logs(job).values()).count("resumed from ") >= n,
                    60, lambda n=resumed: f"recovery {n}: {node_logs(job)}")  # fmt: skip
@@ -174,7 +175,8 @@ def dataloader_processes(job: Job, node: str) -> dict[int, bytes]:
     """{pid: command line} of the job's live multiprocessing processes on `node`: its DataLoader
     workers (spawn_main) and each worker's resource tracker."""
     found = {}
-    for pid in job_processes(job.id, node):  # (no zombie: its environ cannot be read)
+    # (No zombie: its environ cannot be read.)
+    for pid in job_processes(job.id, node, job.cluster.slurm_conf):
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"multiprocessing" in cmdline:
@@ -203,7 +205,7 @@ def test_dataloader_workers_of_killed_workers_exit_and_the_run_ends_bitwise(
     survivor = next(node for node in nodes if node != lost and workers_on(job, node))
     old = dataloader_processes(job, survivor)
     assert len(spawned(old)) == 2, old  # one DataLoader worker for each of its two workers
-    lose_node(job.id, lost)
+    lose_node(job.id, lost, job.cluster.slurm_conf)
     killed = time.time()
     wait_until(lambda: not old.keys() & dataloader_processes(job, survivor).keys(), 60,
                lambda: f"the old DataLoader processes {old} on {survivor} to exit")  # fmt: skip
@@ -231,7 +233,7 @@ def test_without_a_spare_the_world_shrinks_and_resumes_at_the_same_global_sample
     wait_logged(job, '"step": 25,', 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     assert len(nodes) == 3 and all(workers_on(job, node) for node in nodes), nodes
-    assert len(lose_node(job.id, nodes[-1])) >= 3
+    assert len(lose_node(job.id, nodes[-1], job.cluster.slurm_conf)) >= 3
     end = job.wait_end(timeout=300)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
@@ -267,7 +269,7 @@ def test_below_the_minimum_the_job_is_requeued_and_resumes_from_its_checkpoint(
     nodes = hostlist.expand(job.fields()["NodeList"])
     assert len(nodes) == 3, nodes
     for node in nodes[1:]:  # one node left: below the minimum of 2
-        assert len(lose_node(job.id, node)) >= 2
+        assert len(lose_node(job.id, node, job.cluster.slurm_conf)) >= 2
     job.wait_requeued(1, timeout=120)
     end = job.wait_end(timeout=300)
     logs = "".join(node_logs(job).values())
@@ -282,7 +284,7 @@ def test_below_the_minimum_the_job_is_requeued_and_resumes_from_its_checkpoint(
 def silent_machine(job: Job, node: str) -> Iterator[list[int]]:
     """`node`'s machine gone silent for the block (`lose_node` with SIGSTOP: the pids stopped);
     after it, those processes killed and the cluster's daemons up again."""
-    stopped = lose_node(job.id, node, machine=True, sig=signal.SIGSTOP)
+    stopped = lose_node(job.id, node, job.cluster.slurm_conf, machine=True, sig=signal.SIGSTOP)
     try:
         yield stopped
     finally:

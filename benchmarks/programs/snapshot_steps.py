@@ -9,7 +9,6 @@ every N steps, for the snapshot benchmark; prints rank 0's steps per second.
 
 import argparse
 import os
-import tempfile
 import time
 
 import torch
@@ -26,6 +25,8 @@ p.add_argument("--layers", type=int, default=2)
 p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--keep", type=int, default=2, help="snapshot_keep")
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+p.add_argument("--checkpoint-dir", required=True,
+               help="the Checkpointer's directory (nothing durable is saved there)")
 p.add_argument("--budget", default="default",
                help="snapshot_budget: a fraction, none, or default (the Checkpointer's)")
 args = p.parse_args()
@@ -50,7 +51,7 @@ def synchronized() -> None:  # a clock read after the GPU's queued work has run
 
 budget = {} if args.budget == "default" else {
     "snapshot_budget": None if args.budget == "none" else float(args.budget)}
-ckpt = slurmddp.Checkpointer(tempfile.mkdtemp(prefix="slurmddp-bench-"),
+ckpt = slurmddp.Checkpointer(args.checkpoint_dir,
                              snapshot_every=args.snapshot_every, snapshot_keep=args.keep,
                              **budget)  # fmt: skip
 

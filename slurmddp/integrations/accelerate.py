@@ -73,6 +73,9 @@ class Preemptible:
         self.directory = Path(directory)
         self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
             if snapshot_every else None  # fmt: skip
+        # Now, not at the first `should_stop`: the loaders start their workers before it, and
+        # those need the shield (preemption.workers) from their first fork.
+        api.install()
 
     def resume(self) -> int:
         """Load the newest complete snapshot newer than the newest complete ``step-N``, else

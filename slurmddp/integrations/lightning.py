@@ -90,6 +90,9 @@ class StopProtocol(Callback):
         self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
             if snapshot_every else None  # fmt: skip
         self._stepped = -1  # the global step after the last training batch
+        # Now, not at the first `should_stop`: the loaders start their workers before it, and
+        # those need the shield (preemption.workers) from their first fork.
+        api.install()
 
     def latest(self) -> str | None:
         """The newest complete ``step-N.ckpt`` in `dirpath`, or None."""

@@ -60,6 +60,9 @@ class StopProtocol(TrainerCallback):
         self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
             if snapshot_every else None  # fmt: skip
         self.trainer: Trainer | None = None  # set by `train`: the one whose state is snapshot
+        # Now, not at the first `should_stop`: the loaders start their workers before it, and
+        # those need the shield (preemption.workers) from their first fork.
+        api.install()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if api.should_stop():

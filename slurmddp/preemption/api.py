@@ -51,6 +51,7 @@ from slurmddp.protocol import (
     NOT_REQUEUED_STATUS,
     REQUEUE_FILE_VAR,
 )
+from slurmddp.rank import startup
 from slurmddp.watchdog import progress
 
 __all__ = [
@@ -123,6 +124,7 @@ class State:
         self.install()
         self.receiver.take_term()
         self.asked = True
+        startup.say_restart_hazard()  # a framework's script under torchrun has no bootstrap
         self.end = deadline.job_end(ask=dist.rank() == 0)
         if self.end is not None:
             self.stop_at = deadline.stop_at(self.end, deadline.lead_s(os.environ), self.save_s)

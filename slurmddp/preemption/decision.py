@@ -78,7 +78,8 @@ __all__ = [
 ]  # fmt: skip
 
 # A stop signal within this long of the lead before the end is the time limit's warning
-# (slurmctld checks the limits about every 30 s, so the warning comes late by up to that).
+# (slurmctld sends it at its first time-limit sweep, every 30 s, from 30 s before the lead:
+# up to 60 s early).
 _LIMIT_SLACK_S = 60
 
 

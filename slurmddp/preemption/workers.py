@@ -1,12 +1,12 @@
 """How a rank starts its DataLoader workers: shielded from Slurm's SIGTERM, and alive for sure.
 
-- **Shielded.** DataLoader workers are torch's `_worker_loop` processes: torch makes them die of
-  any SIGTERM that their parent did not send. They are started with SIGTERM blocked (fork, spawn
-  and forkserver alike) and a thread in each ends the worker on its DataLoader's SIGTERM only
-  (the rank's, as torch does), so Slurm's SIGTERM to the whole step leaves them serving the rank
-  until it stops at its agreed step. Other children get Slurm's SIGTERM as they would without
-  slurmddp: blocking it in all of them would make `Pool.terminate()` and `Popen.terminate()`
-  hang.
+- **Shielded.** DataLoader workers (torch's, and torchdata's StatefulDataLoader's) are
+  `_worker_loop` processes: torch makes them die of any SIGTERM that their parent did not send.
+  They are started with SIGTERM blocked (fork, spawn and forkserver alike) and a thread in each
+  ends the worker on its DataLoader's SIGTERM only (the rank's, as torch does), so Slurm's
+  SIGTERM to the whole step leaves them serving the rank until it stops at its agreed step.
+  Other children get Slurm's SIGTERM as they would without slurmddp: blocking it in all of them
+  would make `Pool.terminate()` and `Popen.terminate()` hang.
 - **Alive for sure.** A worker forked from a rank can, rarely, never get past the fork: its child
   waits forever inside `os.fork()`, before any of its own code runs, for the interpreter's
   thread-state lock, which another thread of the rank held at that instant: CPython's gh-112275,
@@ -40,10 +40,14 @@ __all__ = ["BIRTH_S", "shield"]
 BIRTH_S = 10.0
 _FORKS = 3  # forks tried before the last is left as it is
 
-# A private name of torch: a DataLoader worker is known only by the function its process runs (no
-# public marker exists). If torch renames it, workers are simply not shielded (Slurm's TERM ends
-# them, as without slurmddp); tests/test_dependencies.py fails first and names it.
-_WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
+# Private names of torch and torchdata: a DataLoader worker is known only by the function its
+# process runs (no public marker exists): torch's, and torchdata's StatefulDataLoader's (Lightning
+# users' loader), a copy of it. If one is renamed, its workers are simply not shielded (Slurm's
+# TERM ends them, as without slurmddp); tests/test_dependencies.py fails first and names it.
+_WORKER_LOOPS = {
+    ("torch.utils.data._utils.worker", "_worker_loop"),
+    ("torchdata.stateful_dataloader.worker", "_worker_loop"),
+}
 _original_start = multiprocessing.process.BaseProcess.start
 
 
@@ -53,7 +57,7 @@ def shield() -> None:
 
 
 def _is_dataloader_worker(target: Any) -> bool:
-    return (getattr(target, "__module__", None), getattr(target, "__name__", None)) == _WORKER_LOOP
+    return (getattr(target, "__module__", None), getattr(target, "__name__", None)) in _WORKER_LOOPS
 
 
 def _block_term() -> Any:

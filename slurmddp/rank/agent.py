@@ -10,6 +10,8 @@ A ``--rdzv-endpoint`` given without a port gets one derived from the job and ste
 MASTER_PORT is (`env.derive_port`): a fixed port would let a second job whose first node
 is shared join the first job's rendezvous. A node whose rendezvous beats stop (lost, or gone
 silent) sends the other agents back to the rendezvous at once (`restart_when_a_peer_is_lost`).
+torchrun's log directory, when the workers' logs do not go there, leaves nothing behind:
+torch makes one in /tmp per agent and run (``torchelastic_*``) and keeps it, empty, forever.
 Everything else is torchrun's (torch.distributed.run).
 """
 
@@ -19,6 +21,7 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -215,8 +218,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     timeout_s = startup_timeout(os.environ)
     args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
                           os.environ, timeout_s)  # fmt: skip
+    # Given first, so that a --log-dir of the user's, later, wins (argparse keeps the last).
+    log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     try:
-        torchrun(args)
+        torchrun([f"--log-dir={log_dir}", *args])
     except AttributeError as e:
         # torch 2.13: a spare's agent, still waiting when the others' work ends and closes the
         # rendezvous, gets None from its run and torchrun fails reading it (launch_agent).
@@ -236,3 +241,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         raise SystemExit(NOT_REQUEUED_STATUS) from None
+    finally:
+        remove_empty_dirs(log_dir)
+
+
+def remove_empty_dirs(root: str) -> None:
+    """`root` and the directories under it that hold no file (a worker's redirected output or
+    error report is kept, where torchrun keeps it)."""
+    for directory, _, _ in os.walk(root, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)

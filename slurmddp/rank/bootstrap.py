@@ -17,6 +17,7 @@ from slurmddp.protocol import RUN_ID_VAR, STORE_SERVER_VAR
 from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
 from slurmddp.rank.identity import run_id
 from slurmddp.rank.placement import THREADS_VAR, cpu_threads
+from slurmddp.rank.startup import say_restart_hazard
 
 _current: DistEnv | None = None
 
@@ -56,6 +57,7 @@ def bootstrap(
     if (run := run_id(env)) is not None:
         env[RUN_ID_VAR] = run  # sanitised, and the same for the script's own children
     _set_threads(env, dist)
+    say_restart_hazard(env)
     _current = dist
     return dist
 

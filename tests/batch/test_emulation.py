@@ -187,7 +187,8 @@ def test_local_hang_is_judged_by_the_watchdog_and_names_the_rank(tmp_path):
     started = time.monotonic()
     r, job, text = local_job(tmp_path, "--nodes", "1", "--ntasks-per-node", "2",
                              "--hang-timeout", "15", str(PROGRAMS / "hang.py"), "sleep",
-                             "--rank", "1", "--at", "5")  # fmt: skip
+                             "--rank", "1", "--at", "5", "--checkpoints",
+                             str(tmp_path / "ckpt"))  # fmt: skip
     assert r.returncode == 124, r.stdout + r.stderr + text  # the hang watchdog's status
     assert time.monotonic() - started < 90
     assert "rank 1 on localhost stopped progressing" in text

@@ -89,7 +89,8 @@ def test_a_lost_node_costs_at_most_the_snapshot_interval_within_the_default_budg
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = next(node for node in nodes[1:] if workers_on(job, node))
     held = stores(tmp_path)
-    assert len(lose_node(job.id, lost)) >= 3  # its agent and two workers; its store goes too
+    # Its agent and two workers; its store goes too.
+    assert len(lose_node(job.id, lost, job.cluster.slurm_conf)) >= 3
     killed = time.time()
     wait_logged(job, "resuming from the snapshot", 120)
     back = time.time() - killed
@@ -130,7 +131,7 @@ def test_a_machine_gone_silent_then_a_rank_killed_two_recoveries_from_snapshots(
         back = time.time() - silent
         wait_logged(job, "] step 150 ", 120)
         rank = next(pid for node in nodes if node != first
-                    for pid, env in job_processes(job.id, node).items()
+                    for pid, env in job_processes(job.id, node, job.cluster.slurm_conf).items()
                     if env.get("RANK") == "3" and "TORCHELASTIC_RUN_ID" in env)  # fmt: skip
         os.kill(rank, signal.SIGKILL)
         wait_until(lambda: len(resumed_at("".join(node_logs(job).values()))) == 2, 120,

@@ -37,10 +37,11 @@ def run_locally(script: str, out_flag: str, out: Path, steps: int, stop_at: int 
 
 
 def faulted(script: str, out_flag: str, out: Path, steps: int, *more: str, ranks: int = 1,
-            **env: str) -> tuple[list[dict], str]:  # fmt: skip
-    """A framework's example through tests/programs/faults.py (`env`: STOP_AT, CRASH_AT), in one
-    process, or `ranks` under slurmddp.agent (torchrun) on this host, restarted once if a worker
-    dies. Its RESULT lines by rank (none when it stopped or was killed), and its stderr."""
+            timeout: float = 600, **env: str) -> tuple[list[dict], str]:  # fmt: skip
+    """A framework's example through tests/programs/faults.py (`env`: STOP_AT, CRASH_AT,
+    STUCK_FORK), in one process, or `ranks` under slurmddp.agent (torchrun) on this host,
+    restarted once if a worker dies. Its RESULT lines by rank (none when it stopped or was
+    killed), and its stderr."""
     args = [str(PROGRAMS / "faults.py"), script, "--steps", str(steps), out_flag, str(out), *more]
     if ranks > 1:
         with socket.socket() as s:
@@ -49,10 +50,27 @@ def faulted(script: str, out_flag: str, out: Path, steps: int, *more: str, ranks
         args = ["-m", "slurmddp.agent", "--nnodes", "1", "--nproc-per-node", str(ranks),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                 "--max-restarts", "1", *args]  # fmt: skip
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
                        env=launcher_free_env(OMP_NUM_THREADS="1", **env))  # fmt: skip
     assert r.returncode == (-9 if ranks == 1 and "CRASH_AT" in env else 0), r.stderr[-3000:]
     return sorted(tagged_json(r.stdout, "RESULT "), key=lambda x: x["rank"]), r.stderr
+
+
+def through_a_stuck_fork(script: str, out_flag: str, tmp_path: Path) -> None:
+    """A framework's example, started as a script under torchrun is (no slurmddp.run), with 2
+    DataLoader workers augmenting at random, whose first fork never returns (CPython's gh-112275
+    on a loaded Python 3.10.13: faults.py's STUCK_FORK), before the first step asks should_stop:
+    the worker is killed and forked again, and the run ends as an uninterrupted one does."""
+    more = ("--workers", "2", "--augment")
+    reference, _ = faulted(script, out_flag, tmp_path / "reference", 20, *more)
+    flag = tmp_path / "stuck"
+    # Unshielded, the loader waits for that worker forever.
+    results, stderr = faulted(script, out_flag, tmp_path / "stuck-run", 20, *more, timeout=240,
+                              STUCK_FORK=str(flag))  # fmt: skip
+    stuck = flag.read_text()
+    assert f"a DataLoader worker (pid {stuck}) was stuck in its fork for 2 s; it was killed and " \
+           "forked again" in stderr, stderr[-3000:]  # fmt: skip
+    assert len(reference) == 1 and results == reference
 
 
 def resumed_from_snapshot(stderr: str) -> int:

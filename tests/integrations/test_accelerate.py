@@ -14,6 +14,7 @@ from tests.integrations.preempted import (
     killed_then_resumed,
     preempted_once,
     run_locally,
+    through_a_stuck_fork,
 )
 
 pytest.importorskip("accelerate")
@@ -58,6 +59,10 @@ def test_random_augmentation_in_workers_resumes_bitwise(tmp_path):
     reference = run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "ref", 100, None, *more)
     assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, 90, *more) == []
     assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, None, *more) == reference
+
+
+def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
+    through_a_stuck_fork(SCRIPT, "--checkpoint-dir", tmp_path)
 
 
 # Four ranks, 16 steps an epoch, stopped at step 20 of 40: the resumed epoch's loader is the

@@ -34,6 +34,10 @@ def test_a_stop_saves_a_checkpoint_the_next_run_resumes_from_bitwise(tmp_path, r
     assert run(tmp_path, 100) == reference
 
 
+def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
+    preempted.through_a_stuck_fork(SCRIPT, "--checkpoint-dir", tmp_path)
+
+
 def test_a_loader_with_worker_processes_resumes_in_its_epoch_too(tmp_path, reference):
     # Lightning's issue #21938 is about exactly this: workers prefetch as the iterator is made.
     assert run(tmp_path, 100, 90, "--workers", "2") == []

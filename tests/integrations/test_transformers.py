@@ -15,6 +15,7 @@ from tests.integrations.preempted import (
     preempted_once,
     run_locally,
     stopped_then_resumed,
+    through_a_stuck_fork,
 )
 
 pytest.importorskip("transformers")
@@ -51,6 +52,10 @@ def test_random_augmentation_in_workers_resumes_bitwise_and_without_the_seeding_
     # seeds came from where the resumed run's generator stood as the loader started).
     assert stopped_then_resumed(SCRIPT, "--output-dir", tmp_path / "b", 100, 90, *more,
                                 SLURMDDP_EXACT_DATA="0") != reference  # fmt: skip
+
+
+def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
+    through_a_stuck_fork(SCRIPT, "--output-dir", tmp_path)
 
 
 # Issue 30: snapshots every step of what the Trainer's checkpoint

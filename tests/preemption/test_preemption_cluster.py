@@ -160,12 +160,15 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
 @pytest.mark.every_slurm
 def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, tmp_path,
                                                        reference_digest):  # fmt: skip
-    # One minute per run, warned 40 s before its end: slurmctld looks every 30 s or so, so the
-    # warning comes 20 to 50 s into a run, and 30 s of training take two or three runs.
-    job = Job(slurm_cluster, tmp_path, ["--time", "1", "--signal-lead", "40", "--max-requeues",
-              "5", *train_args(tmp_path / "ckpt", steps=300, step_time=0.1)])  # fmt: skip
+    # slurmctld sends the warning at its first time-limit sweep (every 30 s) from 30 s before the
+    # lead (send_job_warn_signal, 22.05 to 26.05): with two minutes and a lead of 60 s, 30 to 60 s
+    # into a run, and the ranks stop by themselves at 60 s. So a run trains at least 30 s less its
+    # start and at most 60: 60 s of training take two runs or more, five at most while a start
+    # takes under 15 s (8 requeues allowed: CI's load has made starts take 10 s).
+    job = Job(slurm_cluster, tmp_path, ["--time", "2", "--signal-lead", "60", "--max-requeues",
+              "8", *train_args(tmp_path / "ckpt", steps=300, step_time=0.2)])  # fmt: skip
     job.wait_requeued(1, timeout=150)
-    end = job.wait_end(timeout=400)
+    end = job.wait_end(timeout=600)
     assert end["JobState"] == "COMPLETED", job.batch_log
     assert "stopped (time limit, USR2) at restart 0" in job.batch_log
     assert {x["digest"] for x in job.results()} == {reference_digest}

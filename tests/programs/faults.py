@@ -5,14 +5,30 @@ Environment: STOP_AT: an agreed stop at the STOP_AT-th should_stop() call of eve
 requeue then only ends the process). CRASH_AT (the Lightning, Accelerate and Trainer examples):
 the worker of rank CRASH_RANK (default 1) kills itself (SIGKILL, as the kernel's OOM killer does)
 once its step reaches CRASH_AT, in the workers' first start only, for torchrun to restart them.
+STUCK_FORK (a path): the first child forked from the process never gets past its fork (it writes
+its pid there, then sleeps), as CPython's gh-112275 leaves a DataLoader worker forked from a
+loaded Python 3.10.13 rank; slurmddp's birth limit for workers is 2 s.
 """
 
 import os
 import runpy
 import signal
 import sys
+import time
+from pathlib import Path
 
-from slurmddp.preemption import api
+from slurmddp.preemption import api, workers
+
+if os.environ.get("STUCK_FORK"):
+    flag = Path(os.environ["STUCK_FORK"])
+    workers.BIRTH_S = 2
+
+    def first_child_hangs():
+        if not flag.exists():
+            flag.write_text(str(os.getpid()))
+            time.sleep(3600)
+
+    os.register_at_fork(after_in_child=first_child_hangs)
 
 if os.environ.get("STOP_AT"):
     calls = []

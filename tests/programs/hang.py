@@ -15,7 +15,6 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import time
 
 import torch
@@ -29,7 +28,7 @@ p.add_argument("--rank", type=int, default=1)
 p.add_argument("--at", type=int, default=5)
 p.add_argument("--steps", type=int, default=60)
 p.add_argument("--step-time", type=float, default=0.2)
-p.add_argument("--checkpoints", default=None)
+p.add_argument("--checkpoints", required=True)
 p.add_argument("--first-run-only", action="store_true")
 args = p.parse_args()
 if args.first_run_only and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
@@ -44,7 +43,7 @@ if not silent:
 if args.mode == "startup" and me:
     print(f"rank {rank} stuck in start-up", flush=True)
     time.sleep(10**6)
-ckpt = slurmddp.Checkpointer(args.checkpoints or tempfile.mkdtemp(prefix="hang-"))
+ckpt = slurmddp.Checkpointer(args.checkpoints)
 t = torch.zeros(4)
 for step in range(args.steps):
     if step == args.at and me:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from slurmddp.rank import agent
 from slurmddp.rank.agent import with_rdzv_conf, with_rdzv_port
 from slurmddp.rank.env import derive_port
+from tests.conftest import launcher_free_env
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
 
@@ -112,3 +115,40 @@ def test_a_round_that_lost_a_node_counts_as_a_change_of_membership(state, size, 
 ])  # fmt: skip
 def test_a_node_waiting_for_a_full_round_is_no_reason_to_restart(state, max_nodes, is_full):
     assert agent.full(state, max_nodes) is is_full
+
+
+def test_empty_log_directories_are_removed_and_logs_kept(tmp_path):
+    (tmp_path / "run_1" / "attempt_0" / "0").mkdir(parents=True)
+    (tmp_path / "run_1" / "attempt_0" / "1").mkdir()
+    (tmp_path / "run_1" / "attempt_0" / "1" / "stderr.log").write_text("kept")
+    empty = tmp_path / "empty"
+    (empty / "run_2" / "attempt_0" / "0").mkdir(parents=True)
+    agent.remove_empty_dirs(str(tmp_path))
+    agent.remove_empty_dirs(str(empty))
+    assert not empty.exists()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "run_1", "run_1/attempt_0", "run_1/attempt_0/1", "run_1/attempt_0/1/stderr.log"]
+
+
+@pytest.mark.parametrize(("options", "left"), [
+    ((), []),
+    (("--redirects", "2"), ["stderr.log", "stderr.log"]),  # the workers' output: the user's
+    (("--log-dir", "{mine}", "--redirects", "2"), []),  # their own directory: left as it is
+], ids=["plain", "redirects", "log-dir"])  # fmt: skip
+def test_the_agent_leaves_in_tmp_only_what_the_user_asked_torchrun_to_keep(tmp_path, options, left):
+    # torchrun makes /tmp/torchelastic_* per agent and run and never removes it.
+    tmp, mine = tmp_path / "tmp", tmp_path / "mine"
+    tmp.mkdir()
+    script = tmp_path / "worker.py"
+    script.write_text("import os, sys; print('rank', os.environ['RANK'], file=sys.stderr)\n")
+    options = tuple(o.format(mine=mine) for o in options)
+    r = subprocess.run([sys.executable, "-m", "slurmddp.agent", "--standalone", "--nnodes", "1",
+                        "--nproc-per-node", "2", *options, str(script)],
+                       env=launcher_free_env(TMPDIR=str(tmp)), capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp.rglob("*") if p.is_file()) == left
+    assert all(p.name.startswith("torchelastic_") for p in tmp.iterdir())
+    assert bool(left) == any(tmp.iterdir())
+    if "--log-dir" in options:
+        assert len(list(mine.rglob("stderr.log"))) == 2

@@ -10,9 +10,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
+from slurmddp.rank import startup
 from tests.conftest import launcher_free_env
 
 
@@ -296,3 +298,55 @@ def test_a_rank_moves_to_the_cpus_its_gpus_pci_device_lists(tmp_path, monkeypatc
     listed.write_text("garbage")
     process_group._run_near(fake_torch, 0)  # an unreadable list: left where it is
     assert len(moved) == 1
+
+
+@pytest.mark.parametrize(("environ", "said"), [
+    ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"}, True),
+    ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0"}, False),
+    # slurmddp.agent, or torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a store per round
+    ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3"}, False),
+    ({}, False),  # not under torchrun
+])
+def test_torchruns_shared_store_across_restarts_is_named(environ, said):
+    hazard = startup.restart_hazard(environ)
+    assert (hazard is not None) == said
+    if said:
+        assert hazard == (
+            "torchrun --max-restarts 3 will not restart this training: its agent keeps one store "
+            "for the workers across restarts, and the restarted ones would read the dead ones' "
+            "addresses and fail to form the process group (pytorch/pytorch#167288). Start it "
+            "with python -m slurmddp.agent in place of torchrun (the same options), or set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")  # fmt: skip
+
+
+CRASH_ONCE = str(Path(__file__).resolve().parents[1] / "programs" / "crash_once.py")
+
+
+def torchrun_restarting(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """examples/resumable_train.py under torch's own torchrun, 2 workers, --max-restarts 1."""
+    port = free_port()
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "1",
+         CRASH_ONCE, "--steps", "30", "--save-every", "10", "--checkpoint-dir",
+         str(tmp_path / "ckpt")],
+        env=launcher_free_env(OMP_NUM_THREADS="1", **env), capture_output=True, text=True,
+        timeout=300)  # fmt: skip
+
+
+def test_under_torchruns_own_restarts_rank_0_says_once_they_will_fail(tmp_path):
+    # torch 2.13's torchrun, its store shared across restarts: no crash here (the restart's
+    # failure is torch's, pytorch/pytorch#167288, and not every time), the warning only.
+    r = torchrun_restarting(tmp_path, CRASH_RANK="9")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("slurmddp: torchrun --max-restarts 1 will not restart this training") \
+        == 1, r.stderr[-3000:]  # fmt: skip
+
+
+def test_torchrun_with_a_store_per_round_restarts_a_crashed_worker(tmp_path):
+    # What the warning advises for torchrun itself: the crashed worker's restart resumes.
+    r = torchrun_restarting(tmp_path, CRASH_RANK="1", CRASH_AT="15",
+                            TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "will not restart" not in r.stderr
+    assert "resumed from" in r.stdout and r.stdout.count("RESULT ") == 2, r.stdout[-3000:]

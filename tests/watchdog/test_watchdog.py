@@ -80,8 +80,8 @@ def test_no_watchdog_without_its_directory(tmp_path):
     env = launcher_free_env(SLURMDDP_HANG_TIMEOUT="1")
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",
                           "--standalone", "-m", "slurmddp.run", HANG, "startup", "--rank",
-                          "0"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                          "0", "--checkpoints", str(tmp_path / "ckpt")], env=env, cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     # Started (importing torch takes seconds, many on a loaded machine) before the clock runs.
     late = threading.Timer(180, p.kill)
     late.start()

@@ -28,7 +28,7 @@ Concepts:
 - **Pace** (`pace.Pace`): snapshots every `every` steps, spaced wider (by multiples of it) when
   they would take more than the budget of the training's time, measured by each rank on its own
   steps (medians, so that an evaluation or a save between steps does not move it); the ranks
-  agree on the widest need in the snapshot thread, so all take the same steps.
+  agree on the widest need at each snapshot, so all take the same steps.
 - **Recovery** (`plan.choose`): at `load_latest`, the ranks pool what their nodes hold, take the
   newest step newer than the durable checkpoint for which every shard they need is on some
   surviving node, fetch the ones their own node lacks from a peer that has them, and check each

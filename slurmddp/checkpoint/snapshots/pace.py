@@ -8,9 +8,11 @@ thread runs beside (checksum, write, exchange) and the next few, which may wait 
 for another rank whose thread still runs. The steps further away give the plain step time; the
 steps near one, less that, its slowdown. The interval that keeps cost / (interval x plain step +
 cost) within the budget, and no shorter than the thread's run (a snapshot due while the one
-before still runs would wait for it), is each rank's need; the ranks take the largest (in the
-snapshot thread, one all-reduce per snapshot) and use it from their next snapshot, so every rank
-takes the same ones. Pure arithmetic: the caller supplies the clock's readings.
+before still runs would wait for it), is each rank's need; at each snapshot the ranks take the
+largest (one all-reduce of an integer) and use it from there, so every rank takes the same ones.
+The first snapshot's cycle counts, less its one-off set-up, so that a large state learns its
+spacing at the second snapshot, not after a few taken back to back. Pure arithmetic: the caller
+supplies the clock's readings.
 
 Training loops are not uniform: an evaluation, a durable save or a recompilation between two
 steps makes one "step" seconds long. Such a step says nothing of the snapshots, so neither
@@ -96,7 +98,12 @@ class Pace:
         return plain
 
     def cost(self) -> float:
-        """This cycle's seconds taken from training: the calls, and the slowdown near them."""
+        """This cycle's seconds taken from training: the calls, and the slowdown near them.
+        Before any plain step was seen (a snapshot every step from the first), the slowdown
+        cannot be told from the steps: the thread's whole run counts, as on a node whose cores
+        the training takes, until a cycle with plain steps measures it."""
+        if self.plain is None and self._ran is not None:
+            return self._direct + self._ran
         slowdown = max(0.0, sum(self._near) - len(self._near) * self._step())
         if self._ran is not None:
             slowdown = min(slowdown, _CAUSAL * self._ran)
@@ -119,7 +126,7 @@ class Pace:
         return max(1, math.ceil(wanted / self.every - 1e-9)) * self.every
 
     def taken(self, step: int, agreed: int) -> None:
-        """A snapshot was taken at `step`; `agreed` is the ranks' interval from the one before."""
+        """A snapshot was taken at `step`; `agreed` is the ranks' widest need at it."""
         self.interval = max(self.every, agreed)
         self.next = step + self.interval
         self._age = 0

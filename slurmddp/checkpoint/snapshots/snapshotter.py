@@ -10,7 +10,7 @@ import sys
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,6 +27,10 @@ from slurmddp.errors import CheckpointError, one_line
 
 _live: weakref.WeakSet[Snapshots] = weakref.WeakSet()
 MIB = 1 << 20
+
+
+class _NoRoom(Exception):
+    """This node's store has no room for a shard (said once); the durable checkpoints stand."""
 
 
 class Snapshots:
@@ -61,11 +65,13 @@ class Snapshots:
         self.every = every
         self.keep = keep
         self._pace = pace.Pace(every, budget)
-        self._agreed = every  # the interval the ranks agreed on in the last snapshot's thread
         self._called = 0.0  # when the current call began
         self._returned: float | None = None  # when the last call returned
         self._beside = False  # whether a snapshot was in flight then
-        self._first = True  # the first call also sets up (a group, a collective check)
+        # Seconds of the current call that are not the snapshot's cost: the set-up (a group, a
+        # collective check; paid once) and the wait for the snapshot before (the interval covers
+        # it: `pace`).
+        self._unpaid = 0.0
         self._ran: float | None = None  # the seconds the last snapshot's thread ran
         self._store: NodeStore | None = None
         self._group: Any = None
@@ -113,11 +119,13 @@ class Snapshots:
         if not self._checked:
             # The first snapshot's state is checked on every rank; later ones have its shape (a
             # collective per step would cost more than the snapshot itself).
+            checking = time.perf_counter()
             refusal = check_state(state, sharded=False)
             if not ranks.agree(refusal is None):
                 raise CheckpointError(refusal or f"snapshot of step {step} was refused on "
                                       "another rank: see its error")  # fmt: skip
             self._checked = True
+            self._unpaid += time.perf_counter() - checking
         self.take(step, state)
         return True
 
@@ -125,16 +133,21 @@ class Snapshots:
         """Lay `state` into this rank's buffer now (CPU tensors copied, GPU ones queued on their
         streams); write and replicate it in the background (the previous snapshot is finished
         first). Follows `due(step)`, which returned True."""
+        began = time.perf_counter()
         self._setup()
-        waited = time.perf_counter()
         self.settle()
-        waited = time.perf_counter() - waited  # the interval covers it (`pace`), not the cost
+        self._unpaid += time.perf_counter() - began
         if self._ran is not None:
             self._pace.ran(self._ran)
         need = self._pace.needed()
-        self._pace.taken(step, self._agreed)
+        if self._group is not None:
+            # Every rank takes the same snapshots: the widest need applies from this one. Also a
+            # barrier: every rank has settled the snapshot before this one, so it is whole, here
+            # and where its replicas are, and older files may be written over.
+            need = peers.largest(self._group, need)
+        self._pace.taken(step, need)
         flat, size, copied = pack_async(state, self._buffer)
-        self._worker.submit(self._write, step, flat, size, copied, need)
+        self._worker.submit(self._write, step, flat, size, copied)
         self._order = inflight.register(self)
         if self._pace.budget is not None and self._pace.interval > self.every:
             self._say("pace", f"snapshots every {self._pace.interval} steps rather than every "
@@ -144,9 +157,8 @@ class Snapshots:
                       f"{self._pace.step_seconds * 1e3:.2f} ms; the ranks take the widest "
                       "need", lead=True)  # fmt: skip
         self._returned, self._beside = time.perf_counter(), True
-        if not self._first:  # the set-up is paid once, not per snapshot
-            self._pace.took(self._returned - self._called - waited)
-        self._first = False
+        self._pace.took(self._returned - self._called - self._unpaid)
+        self._unpaid = 0.0
 
     def settle(self) -> None:
         """Wait for the snapshot in flight; its failure has been said, training goes on."""
@@ -192,15 +204,10 @@ class Snapshots:
         self._keeper = keepers.get(rank)
         self._senders = sorted(r for r, k in keepers.items() if k == rank)
 
-    def _write(self, step: int, flat: torch.Tensor, size: int, copied: Callable[[], None],
-               need: int) -> None:  # fmt: skip
+    def _write(self, step: int, flat: torch.Tensor, size: int,
+               copied: Callable[[], None]) -> None:  # fmt: skip
         began = time.perf_counter()
         try:
-            if self._group is not None:
-                # Also a barrier: every rank has begun this snapshot, so every rank's snapshot
-                # before it is whole, here and where its replicas are; older files may be reused.
-                need = peers.largest(self._group, need)
-            self._agreed = need
             copied()  # the GPU tensors' copies, queued behind the step that made them
             data = self._buffer.view(size)
             rank, world = dist.rank(), max(dist.group_size(), 1)
@@ -208,8 +215,7 @@ class Snapshots:
             self._keep(shard, data)
             if self._keeper is not None or self._senders:
                 self._replicate(shard, flat[:size])
-            assert self._store is not None
-            self._written = self._store.prune(self._written, self.keep)
+            self._written = self._store_().prune(self._written, self.keep)
             self._say_size_once(shard)
         except Exception as e:  # the durable checkpoints stand; training goes on
             self._say("failed", f"a snapshot failed on {self._node()} ({one_line(e)}): the "
@@ -222,31 +228,63 @@ class Snapshots:
         heads = [(s, torch.empty(peers.HEADER, dtype=torch.int64)) for s in self._senders]
         mine = [] if self._keeper is None else [(self._keeper, header)]
         peers.exchange(self._group, mine, heads)
-        got = [(s, bytearray(int(h[4]))) for s, h in heads]
         payload = [] if self._keeper is None else [(self._keeper, data)]
-        peers.exchange(self._group, payload, [(s, peers.as_tensor(b)) for s, b in got])
-        for (_, h), (_, b) in zip(heads, got, strict=True):
-            self._keep(Shard(*(int(v) for v in h.tolist())), b)
+        # Each replica arrives straight in its file: a buffer of its size would cost as much to
+        # allocate as to receive. The files are kept once every byte is in.
+        with contextlib.suppress(_NoRoom), contextlib.ExitStack() as files:
+            receives = []
+            for sender, head in heads:
+                replica = Shard(*(int(v) for v in head.tolist()))
+                receives.append((sender, peers.as_tensor(self._sink(replica, files))))
+            peers.exchange(self._group, payload, receives)
+            del receives  # the files' views are released before they close
 
-    def _keep(self, shard: Shard, data: memoryview | bytearray) -> None:
-        assert self._store is not None
+    def _sink(self, shard: Shard, files: contextlib.ExitStack) -> memoryview | bytearray:
+        """Where a peer's `shard` arrives: its file in this node's store, closed and kept when
+        `files` closes; bytes dropped when the store has no room for it (the sender sends
+        anyway)."""
+        try:
+            with contextlib.ExitStack() as opening:
+                reuse = opening.enter_context(self._storing(shard))
+                sink = opening.enter_context(self._store_().receiving(shard, reuse))
+                files.push(opening.pop_all())
+                return sink
+        except _NoRoom:
+            return bytearray(shard.size)
+
+    def _keep(self, shard: Shard, data: memoryview) -> None:
+        with contextlib.suppress(_NoRoom), self._storing(shard) as reuse:
+            self._store_().put(shard, data, reuse)
+
+    @contextlib.contextmanager
+    def _storing(self, shard: Shard) -> Iterator[Shard | None]:
+        """Around a write of `shard` to this node's store: yields the old shard whose file it is
+        written over (None: a new file), and counts `shard` as written when the block ends.
+        _NoRoom (said once) when the store has no room for it or its write fails for want of
+        it."""
+        store = self._store_()
         reuse = self._oldest(shard.rank)
-        room, free, total = self._store.room_for(shard.size - (reuse.size if reuse else 0))
+        room, free, total = store.room_for(shard.size - (reuse.size if reuse else 0))
         if not room:
-            self._say("room", f"{self._node()} keeps no snapshot: {self._store.root} has "
+            self._say("room", f"{self._node()} keeps no snapshot: {store.root} has "
                       f"{_size(free)} free of {_size(total)}, a snapshot takes "
                       f"{_size(shard.size)} and the smaller of 1 GiB and a tenth stays "
                       f"free; the durable checkpoints stand (set $SLURMDDP_SNAPSHOT_DIR to a "
                       "larger node-local directory)")  # fmt: skip
-            return
+            raise _NoRoom
+        if reuse is not None:
+            self._written.remove(reuse)  # its file is written over, or gone
         try:
-            if reuse is not None:
-                self._written.remove(reuse)  # its file is written over, or gone
-            self._store.put(shard, data, reuse)
-            self._written.append(shard)
+            yield reuse
         except OSError as e:
             self._say("room", f"{self._node()} keeps no snapshot: {one_line(e)}; the durable "
                       "checkpoints stand")  # fmt: skip
+            raise _NoRoom from e
+        self._written.append(shard)
+
+    def _store_(self) -> NodeStore:
+        assert self._store is not None  # set up at the first snapshot or recovery
+        return self._store
 
     def _oldest(self, rank: int) -> Shard | None:
         """`rank`'s oldest shard here when the next one will have it pruned, and the one before

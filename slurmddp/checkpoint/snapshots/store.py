@@ -11,12 +11,13 @@ Slurm name: on a cluster whose nodes share one host, as the local one, each node
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import secrets
 import shutil
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ _NAME = re.compile(r"step-(\d{10})\.rank-(\d{5})\.of-(\d{5})\.crc-([0-9a-f]{8})\
 # Room a store never takes from its file system: /dev/shm also carries NCCL's intra-node buffers
 # and DataLoader workers' batches. The smaller of 1 GiB and a tenth of the file system.
 RESERVE_BYTES = 1 << 30
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 
 
 @dataclass(frozen=True, order=True)
@@ -133,18 +135,49 @@ class NodeStore:
         """Write `data` as `shard`, whole or not at all; raises OSError (ENOSPC...). `reuse`: an
         old shard whose file is written over instead (in memory, a new file's pages are
         allocated and zeroed first, which takes most of a write's time); it is gone either way."""
+        with self._writing(shard, reuse) as fd:
+            view = memoryview(data).cast("B")
+            while view:
+                view = view[os.write(fd, view) :]
+
+    @contextlib.contextmanager
+    def receiving(self, shard: Shard, reuse: Shard | None = None) -> Iterator[memoryview]:
+        """`put`, for bytes that arrive: a writable view of `shard`'s file, mapped, so that a
+        peer's bytes are received into it without a buffer of their size and a copy; published
+        when the block ends, removed if it raises. Release every export of the view first."""
+        with self._writing(shard, reuse) as fd:
+            if not shard.size:  # mmap refuses a length of 0
+                yield memoryview(bytearray())
+                return
+            # Allocated first, so that a full file system is an OSError here and not a SIGBUS
+            # when a received byte lands; populated, so that the pages are mapped at once, not
+            # faulted in one by one as they arrive.
+            os.posix_fallocate(fd, 0, shard.size)
+            mapped = mmap.mmap(fd, shard.size, flags=mmap.MAP_SHARED | _POPULATE)
+            view = memoryview(mapped)
+            try:
+                yield view
+            finally:
+                # A failed receive's traceback may still hold a tensor over the view: then the
+                # mapping is closed when that goes, and the error stays the receive's.
+                with contextlib.suppress(BufferError):
+                    view.release()
+                    mapped.close()
+
+    @contextlib.contextmanager
+    def _writing(self, shard: Shard, reuse: Shard | None) -> Iterator[int]:
+        """A descriptor of a hidden file of `shard.size` bytes (`reuse`'s, renamed, when it is
+        there), renamed to `shard`'s name when the block ends, removed if it raises."""
         self._make()
         tmp = self.directory / f".{shard.name}.tmp-{secrets.token_hex(4)}"
         try:
             fd = self._open_over(reuse, tmp) if reuse is not None else -1
             if fd < 0:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                              fs.FILE_MODE)  # fmt: skip
             try:
-                view = memoryview(data).cast("B")
-                os.ftruncate(fd, len(view))
-                while view:
-                    view = view[os.write(fd, view) :]
+                os.ftruncate(fd, shard.size)
+                yield fd
             finally:
                 os.close(fd)
             os.replace(tmp, self.path(shard))
@@ -160,7 +193,7 @@ class NodeStore:
             os.rename(self.path(old), tmp)
         except FileNotFoundError:
             return -1
-        return os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+        return os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
 
     def _make(self) -> None:
         if not self._made:
