@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +45,29 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
         if not k.startswith(_LAUNCHER_PREFIXES) and k not in _TORCHRUN_NAMES
     }
     return env | extra
+
+
+# Ports a test's own ranks never listen on: the local clusters' job ranges and daemons, and
+# slurmddp's default job range (scripts/slurm-cluster's port plan: 5000-32767).
+_PROJECT_PORTS = range(5000, 32768)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a test's rank 0 to listen on next. Never one of the
+    kernel's ephemeral ports: any outgoing connection may take one of those between this check
+    and the rank's bind (CI runs passes side by side, and gloo opens many), which failed a
+    process group's start. Nor one of the local clusters' or slurmddp's (_PROJECT_PORTS)."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [p for p in range(1024, 65536)
+                  if not low <= p <= high and p not in _PROJECT_PORTS]  # fmt: skip
+    for port in random.sample(candidates, min(100, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port outside {low}-{high} (ephemeral) and {_PROJECT_PORTS}")
 
 
 # Which Slurm the cluster tests run on: scripts/slurm-cluster reads the same variable (22.05 on

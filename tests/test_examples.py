@@ -27,8 +27,7 @@ import pytest
 
 from slurmddp.batch.emulation import step_environment
 from tests.cli.test_cli_submit import slurmddp
-from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.rank.test_process_group import free_port
+from tests.conftest import ROOT, free_port, launcher_free_env, tagged_json
 
 EXAMPLES = ROOT / "examples"
 NOT_REQUEUED = 75  # preemption.NOT_REQUEUED_STATUS: checkpointed, nothing to requeue the job

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.checkpoint.test_checkpoint import free_port
-from tests.conftest import ROOT, launcher_free_env
+from tests.conftest import ROOT, free_port, launcher_free_env
 
 pytestmark = [
     pytest.mark.gpu,

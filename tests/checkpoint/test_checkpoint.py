@@ -12,7 +12,6 @@ import pickle
 import random
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from slurmddp.checkpoint import (
 from slurmddp.checkpoint import dcp as safe_dcp
 from slurmddp.checkpoint import manifest as manifests
 from slurmddp.protocol import RUN_ID_VAR
-from tests.conftest import launcher_free_env
+from tests.conftest import free_port, launcher_free_env
 
 
 def state_at(step: int) -> dict:
@@ -758,11 +757,6 @@ D = os.environ["CKPT_DIR"]
 from slurmddp.checkpoint import Checkpointer, CheckpointError, wait_for_saves
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(code: str, directory: Path, world: int = 2, prelude: str = PRELUDE,

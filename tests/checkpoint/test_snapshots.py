@@ -23,8 +23,7 @@ from slurmddp.checkpoint.snapshots import Snapshots, flat, plan, store
 from slurmddp.checkpoint.snapshots.pace import Pace
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard
 from slurmddp.errors import CheckpointError
-from tests.conftest import launcher_free_env, tagged_json
-from tests.rank.test_process_group import free_port
+from tests.conftest import free_port, launcher_free_env, tagged_json
 
 PROGRAM = str(Path(__file__).resolve().parents[1] / "programs" / "readme_data_loop.py")
 

@@ -4,12 +4,11 @@ preempted mid-training, resumes where it stopped and ends bitwise equal to an un
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
+from tests.conftest import PROGRAMS, free_port, launcher_free_env, tagged_json
 from tests.preemption.test_preemption_cluster import Job
 
 # How the cluster signals a preemption: our configuration (USR2 first, then TERM), and Slurm's
@@ -44,9 +43,7 @@ def faulted(script: str, out_flag: str, out: Path, steps: int, *more: str, ranks
     killed), and its stderr."""
     args = [str(PROGRAMS / "faults.py"), script, "--steps", str(steps), out_flag, str(out), *more]
     if ranks > 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         args = ["-m", "slurmddp.agent", "--nnodes", "1", "--nproc-per-node", str(ranks),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                 "--max-restarts", "1", *args]  # fmt: skip

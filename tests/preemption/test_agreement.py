@@ -12,8 +12,7 @@ import pytest
 
 from slurmddp import dist
 from slurmddp.preemption import agreement
-from tests.conftest import launcher_free_env
-from tests.rank.test_process_group import free_port
+from tests.conftest import free_port, launcher_free_env
 
 
 def test_the_agreement_tensor_lives_where_the_backend_reduces():

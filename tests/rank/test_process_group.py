@@ -15,13 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.rank import startup
-from tests.conftest import launcher_free_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port, launcher_free_env
 
 
 def own_lines(stdout: str) -> str:

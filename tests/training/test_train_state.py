@@ -23,8 +23,7 @@ import torch
 from slurmddp.checkpoint import CheckpointError, _check_state
 from slurmddp.training import train_state
 from slurmddp.training.sampler import ResumableDistributedSampler
-from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
-from tests.rank.test_process_group import free_port
+from tests.conftest import PROGRAMS, free_port, launcher_free_env, tagged_json
 
 
 def components():
