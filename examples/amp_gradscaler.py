@@ -101,7 +101,7 @@ def main() -> None:
                   "growth_tracker": scaler.state_dict()["_growth_tracker"],
                   "resumed_scale": resumed_scale, "loss": round(loss.item(), 6),
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}  # fmt: skip
+                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

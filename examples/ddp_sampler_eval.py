@@ -118,7 +118,7 @@ def main() -> None:
         result = {"world_size": world, "epochs": args.epochs, "steps": step,
                   "val_loss": round(val_loss, 6),
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
+                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16],
                   "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     dist.barrier()  # leave together: a rank that tears down early can abort a slower one

@@ -44,7 +44,7 @@ def main() -> int:
         opt.step()
 
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     identical = all(torch.equal(gathered[0], g) for g in gathered)

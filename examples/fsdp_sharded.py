@@ -107,7 +107,7 @@ def main() -> None:
         result = {"world_size": world, "steps": step, "loss": round(loss.item(), 6),
                   "parameters": flat.numel(), "parameters_on_rank0": local,
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}  # fmt: skip
+                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     ckpt.wait()  # an asynchronous sharded save needs the process group until it is written
     dist.barrier()

@@ -87,7 +87,7 @@ def main() -> None:
         result = {"world_size": world, "steps": args.steps, "accum": k,
                   "allreduces_per_micro_step": per_micro, "grad_max_diff": grad_diff,
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]}  # fmt: skip
+                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -37,6 +37,9 @@ def main() -> int:
                    "take, as a fraction (default: the Checkpointer's); none: every "
                    "--snapshot-every steps whatever they cost")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of extra work per step")
+    p.add_argument("--fresh-step-time", type=float,
+                   help="seconds of extra work per step until the first resume (default: "
+                        "--step-time): a first run that cannot finish, resumed runs that can")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--slow-save", type=float, default=0.0,
@@ -82,6 +85,9 @@ def main() -> int:
             print(f"resumed from {loaded.path} at step {step} (epoch {epoch}, sample {position})",
                   flush=True)  # fmt: skip
 
+    fresh = args.step_time if args.fresh_step_time is None else args.fresh_step_time
+    step_time = args.step_time if loaded is not None else fresh
+
     def state() -> dict:
         return train_state.capture(model=ddp, optimizer=optimizer, scheduler=scheduler,
                                    step=step, epoch=epoch, position=position)  # fmt: skip
@@ -96,7 +102,7 @@ def main() -> int:
             scheduler.step()
             step += 1
             position += len(inputs) * world
-            time.sleep(args.step_time)
+            time.sleep(step_time)
             ckpt.snapshot(step, state)  # every snapshot_every steps; nothing without
             if rank == 0 and step % args.log_every == 0:
                 spacing = ckpt.snapshot_interval  # 0 without snapshots
@@ -117,7 +123,7 @@ def main() -> int:
     slurmddp.mark_done()
 
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    digest = hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()
     result = {"rank": rank, "world_size": world, "steps": step, "digest": digest,
               "finite": bool(flat.isfinite().all()),
               "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}  # fmt: skip

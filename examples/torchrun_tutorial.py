@@ -117,7 +117,7 @@ def report(trainer: Trainer, epochs: int) -> None:
     seen = {name: os.environ.get(name) for name in TORCHRUN_VARIABLES}
     seen |= {"dist_rank": dist.get_rank(), "dist_world_size": dist.get_world_size()}
     params = torch.cat([p.detach().cpu().flatten() for p in trainer.model.parameters()])
-    seen["digest"] = hashlib.sha256(params.numpy().tobytes()).hexdigest()[:16]
+    seen["digest"] = hashlib.sha256(bytes(params.view(torch.uint8).tolist())).hexdigest()[:16]
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, seen)
     if trainer.global_rank == 0:

@@ -30,10 +30,44 @@ _TORCHRUN_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROU
                    "MASTER_PORT")  # fmt: skip
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The container tests run last in their session: building their image takes about 2.5 GB of
-    disk for a minute or two, which early in a fresh CI run would come on top of the floor venv's
-    install (pip holds its 3.7 GB of downloads beside the 7 GB they unpack to)."""
+# The Slurm versions of the local clusters (scripts/slurm-cluster), and those a cluster test runs on
+# in scripts/test unless its `slurm` marker names others: one, for what no version changes.
+SLURM_VERSIONS = ("22.05", "24.11", "26.05")
+DEFAULT_SLURM = ("22.05",)
+# What the versions may do differently (the signals, requeue, placement, host lists, the job's
+# fields): such a test runs on all three. docs/developers/testing.md has the whole matrix.
+EVERY_SLURM = pytest.mark.slurm(*SLURM_VERSIONS)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slurm-matrix", action="store_true",
+                     help="run each cluster test only on the Slurm versions its slurm marker "
+                          "names (default 22.05): scripts/test's passes")  # fmt: skip
+
+
+def slurm_versions(item: pytest.Item) -> tuple[str, ...]:
+    """The Slurm versions a cluster test runs on in scripts/test (docs/developers/testing.md)."""
+    marker = item.get_closest_marker("slurm")
+    versions = tuple(marker.args) if marker else DEFAULT_SLURM
+    unknown = set(versions) - set(SLURM_VERSIONS)
+    if unknown or not versions:
+        raise pytest.UsageError(f"{item.nodeid}: slurm marker names {versions}: give some of "
+                                f"{SLURM_VERSIONS}")  # fmt: skip
+    return versions
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With --slurm-matrix, a cluster test runs only on the versions it names. The container tests
+    run last in their session: building their image takes about 2.5 GB of disk for a minute or
+    two, which early in a fresh CI run would come on top of the floor venv's install (pip holds
+    its 3.7 GB of downloads beside the 7 GB they unpack to)."""
+    if config.getoption("--slurm-matrix"):
+        elsewhere = [item for item in items if item.get_closest_marker("cluster")
+                     and SLURM_VERSION not in slurm_versions(item)]  # fmt: skip
+        if elsewhere:
+            config.hook.pytest_deselected(items=elsewhere)
+            dropped = set(elsewhere)
+            items[:] = [item for item in items if item not in dropped]
     items.sort(key=lambda item: item.get_closest_marker("container") is not None)
 
 
@@ -147,6 +181,78 @@ def cluster_env() -> tuple[str, str, str, Path, str]:
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     conf, etcd, state_dir, ports, path = shown.split("\n", 4)
     return conf, path, etcd, Path(state_dir), ports
+
+
+# -- a cluster test leaves the cluster as it found it ---------------------------------------------
+# Jobs a wider fixture submitted (a module's jobs, shared by its parametrized tests): cancelled when
+# that fixture is torn down, not after each test that reads them.
+_FIXTURE_JOBS: set[str] = set()
+
+
+def _queued(cluster: Cluster) -> set[str]:
+    r = cluster.run(["squeue", "-h", "-o", "%i"], timeout=60)
+    return set(r.stdout.split()) if r.returncode == 0 else set()
+
+
+def _clear(cluster: Cluster, jobs: set[str]) -> None:
+    """Cancel `jobs`, wait until they have left the queue, and bring back to service the nodes a
+    test left drained or down: the next test finds the cluster as `up` leaves it."""
+    if jobs:
+        cluster.run(["scancel", *sorted(jobs)], timeout=60)
+        deadline = time.monotonic() + 90
+        while _queued(cluster) & jobs and time.monotonic() < deadline:
+            time.sleep(0.5)
+    states = cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=60).stdout.split()
+    # Pairs of node and state; a state's suffix (*: not responding, ...) does not matter here.
+    nodes = dict(zip(states[::2], (s.rstrip("*~#!%$@^-") for s in states[1::2]), strict=True))
+    unusable = sorted(n for n, state in nodes.items() if state in ("drain", "drng", "down", "fail"))
+    if unusable:
+        cluster.run(["scontrol", "update", f"NodeName={','.join(unusable)}", "State=RESUME"],
+                    timeout=60)  # fmt: skip
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Jobs submitted while a module- or session-wide fixture sets up belong to it."""
+    uses_cluster = "slurm_cluster" in request.fixturenames
+    wide = uses_cluster and fixturedef.scope != "function" and fixturedef.argname != "slurm_cluster"
+    cluster = request.getfixturevalue("slurm_cluster") if wide else None
+    before = _queued(cluster) if cluster else set()
+    yield
+    if cluster:
+        mine = _queued(cluster) - before
+        _FIXTURE_JOBS.update(mine)
+
+        def cancel() -> None:
+            _clear(cluster, mine)
+            _FIXTURE_JOBS.difference_update(mine)
+
+        fixturedef.addfinalizer(cancel)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _cluster_left_clean(request) -> Iterator[None]:
+    """After a cluster test, passed or failed: its jobs cancelled and the nodes in service. After a
+    failed one, also every daemon running (`up`; a test that stopped one may have failed before
+    starting it again), so one failure never holds the nodes or the daemons of the next tests."""
+    if "slurm_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    yield
+    if request.node.stash.get(_FAILED, False):
+        subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, timeout=300)
+    _clear(cluster, _queued(cluster) - _FIXTURE_JOBS)
 
 
 @pytest.fixture(scope="session")

@@ -425,6 +425,7 @@ def snapshot(*roots: Path) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.ranks
 def test_bad_input_is_one_line_exit_2_and_nothing_happens(case, world):
     prepare(case, world)
     before = snapshot(world["work"], world["home"])

@@ -31,6 +31,7 @@ def test_cli_latency():
     check(cli_latency.run(repeats=1))
 
 
+@pytest.mark.ranks
 def test_snapshot_cost():
     check(snapshot.cost(1, steps=20, large=False))
 
@@ -44,6 +45,7 @@ def test_a_benchmark_run_alone_keeps_the_others_rows(tmp_path):
     assert all(r["taken"] for r in rows)
 
 
+@pytest.mark.ranks
 def test_training_overhead():
     check(training_overhead.run(steps=20, repeats=1))
 
@@ -57,6 +59,7 @@ def test_checkpoint_write(tmp_path):
     assert saved["machine"]["cpus"] >= 1
 
 
+@pytest.mark.ranks
 def test_data_loading():
     rows = data_loading.run(batches=5, repeats=1)
     check(rows)
@@ -71,6 +74,7 @@ def test_hostlist_speed():
     assert [r.metric for r in rows] == ["expand 10 hosts"] * 2 + ["compress 10 hosts"] * 2
 
 
+@pytest.mark.ranks
 def test_rendezvous_scale():
     rows = rendezvous_scale.run(sizes=(8,), repeats=1, gloo_max=8, calls=5, lookups=1)
     check(rows)
@@ -84,6 +88,7 @@ def test_preemption_turnaround(slurm_cluster):
 
 @pytest.mark.cluster
 @pytest.mark.elastic
+@pytest.mark.slurm("24.11")
 def test_elastic_recovery(slurm_cluster):
     # The machine's row (its baseline waits for SlurmdTimeout) is left to the benchmark run; a
     # silent machine is tested in tests/test_elastic_cluster.py.

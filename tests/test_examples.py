@@ -114,6 +114,7 @@ def test_collectives_tour_gives_each_operation_its_documented_values(tmp_path):
     assert "rank 0:" not in run.outputs[1]
 
 
+@pytest.mark.ranks
 def test_grad_accumulation_all_reduces_once_per_step_and_matches_the_large_batch(tmp_path):
     run = launch(tmp_path, "grad_accumulation.py", "--steps", "3", "--accum", "4").check()
     per_micro = run.result["allreduces_per_micro_step"]
@@ -123,6 +124,7 @@ def test_grad_accumulation_all_reduces_once_per_step_and_matches_the_large_batch
     assert run.result["grad_max_diff"] < 1e-5
 
 
+@pytest.mark.ranks
 def test_dp_and_ddp_train_to_the_same_parameters(tmp_path):
     run = launch(tmp_path, "dp_vs_ddp.py", "--steps", "10").check()
     assert run.result["same"] is True and run.result["max_param_diff"] < 1e-5
@@ -147,6 +149,7 @@ def stop_and_resume(tmp_path: Path, script: str, *args: str, stopped: str, resum
     return ref, cut, again
 
 
+@pytest.mark.ranks
 def test_amp_gradscaler_state_is_checkpointed_and_restored(tmp_path):
     ref, cut, again = stop_and_resume(
         tmp_path, "amp_gradscaler.py", "--steps", "40", "--growth-interval", "3",
@@ -166,6 +169,7 @@ def test_amp_gradscaler_state_is_checkpointed_and_restored(tmp_path):
     assert ref.result["dtype"] == "bfloat16" and ref.result["resumed_scale"] is None
 
 
+@pytest.mark.ranks
 def test_fsdp_resumes_from_a_sharded_checkpoint_to_the_uninterrupted_result(tmp_path):
     ref, cut, again = stop_and_resume(tmp_path, "fsdp_sharded.py", "--steps", "40",
                                       stopped=r"^stopped at step \d+$",
@@ -182,6 +186,7 @@ def test_fsdp_resumes_from_a_sharded_checkpoint_to_the_uninterrupted_result(tmp_
 # -- launchers -------------------------------------------------------------------------------
 
 
+@pytest.mark.ranks
 def test_torchrun_tutorial_runs_unchanged_on_the_variables_slurmddp_exports(tmp_path):
     source = (EXAMPLES / "torchrun_tutorial.py").read_text()
     assert not re.search(r"^\s*(import|from)\s+slurmddp", source, re.M)
@@ -253,6 +258,7 @@ def test_lightning_or_accelerate_says_why_it_does_nothing_without_them(tmp_path)
 # -- end to end: slurmddp submit --local, preempted ------------------------------------------
 
 
+@pytest.mark.ranks
 def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_path):
     # 40 steps an epoch at 0.1 s a step, the stop signal 4 s into the run (whose first seconds
     # import torch): the stop falls inside the first epoch, never at its end, and the resumed

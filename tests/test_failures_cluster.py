@@ -39,7 +39,14 @@ import pytest
 
 from slurmddp.rank import hostlist
 from tests.batch.test_submit_cluster import slurmddp, submitted
-from tests.conftest import CLUSTER_SCRIPT, ROOT, launcher_free_env, tagged_json, wait_until
+from tests.conftest import (
+    CLUSTER_SCRIPT,
+    EVERY_SLURM,
+    ROOT,
+    launcher_free_env,
+    tagged_json,
+    wait_until,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -118,7 +125,7 @@ def failure_jobs(slurm_cluster, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("case", RANK_FAILURES)
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, failure_jobs, case):
     job = failure_jobs[case]
     end = finished(slurm_cluster, job["job_id"])
@@ -134,7 +141,7 @@ def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, fai
         assert "slurmddp: rank 2 (host" in ranks[2] and "Traceback" in ranks[2], ranks[2]
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_a_crash_under_slurms_default_signalling_is_a_failure_not_an_agreed_stop(
     slurm_cluster, tmp_path
 ):
@@ -377,7 +384,7 @@ def left_behind(cluster, job: dict, node: str, batch: str, cwd: Path) -> None:
     assert f"left behind {node}: " in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_a_rank_on_a_broken_node_gets_the_job_requeued_without_it(slurm_cluster, tmp_path):
     broken = tmp_path / "broken"
     job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--job-name",

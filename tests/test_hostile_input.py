@@ -59,6 +59,7 @@ def file_name(*, newlines: bool) -> st.SearchStrategy[str]:
     job_name=one_line(),
     output=file_name(newlines=False).filter(lambda s: "\\" not in s),
 )
+@pytest.mark.ranks
 def test_command_line_values_reach_the_program_verbatim(fakes, script, args, env, job_name,
                                                         output):  # fmt: skip
     """`slurmddp template` from argv and a profile, then the script run with stand-ins: only the
@@ -138,6 +139,7 @@ def entries(root: Path) -> dict[Path, int]:
 
 
 @pytest.mark.parametrize("mask", [0o027, 0o077])
+@pytest.mark.ranks
 def test_submit_and_checkpoints_follow_the_umask_and_write_only_their_directories(tmp_path,
                                                                                  mask):  # fmt: skip
     """A submission to Slurm (stand-in sbatch) and a --local job that saves a checkpoint, with

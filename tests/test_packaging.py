@@ -52,6 +52,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_no_other(wheel: Path):
     )
 
 
+@pytest.mark.ranks
 def test_wheel_runs_from_a_clean_venv_without_torch(wheel: Path, tmp_path: Path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)

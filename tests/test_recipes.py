@@ -212,6 +212,7 @@ def test_there_are_recipes_and_an_index():
 
 
 @pytest.mark.parametrize("name", recipe_ids())
+@pytest.mark.ranks
 def test_rendered_blocks_are_what_the_cli_prints(name):
     path = DOCS / name
     if UPDATE:

@@ -18,7 +18,7 @@ from tests.conftest import ROOT, tagged_json
 from tests.preemption.test_preemption_cluster import VARIANTS, Job, train_args
 from tests.watchdog.test_watchdog_cluster import hang_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.container]
+pytestmark = [pytest.mark.cluster, pytest.mark.container, pytest.mark.slurm("26.05")]
 
 WHERE = str(ROOT / "tests" / "programs" / "where.py")
 IMAGE_SITE = "/usr/local/lib/python3.11/dist-packages/"  # where the image holds slurmddp

@@ -89,6 +89,7 @@ def test_the_stand_in_scontrol_tells_the_decision_the_time_left():
     assert slurm_duration(2 * 86400 + 3661) == "2-01:01:01"
 
 
+@pytest.mark.ranks
 def test_lightning_runs_under_local_as_under_srun(tmp_path):
     # Lightning's SLURMEnvironment refuses a step without SLURM_NTASKS_PER_NODE (and reads
     # SLURM_JOB_NAME to tell a batch job from an interactive shell).
@@ -134,6 +135,7 @@ def digests(lines: list[str]) -> set[str]:
     return {x["digest"] for x in tagged_json("\n".join(lines), "RESULT ")}
 
 
+@pytest.mark.ranks
 def test_local_emulation_is_preempted_twice_and_ends_bitwise_identical(tmp_path):
     ref, ref_lines = local_train(tmp_path, "reference")
     assert ref.returncode == 0, ref.stdout + ref.stderr
@@ -149,6 +151,7 @@ def test_local_emulation_is_preempted_twice_and_ends_bitwise_identical(tmp_path)
     assert len(digests(ref_lines)) == 1 and digests(lines) == digests(ref_lines)
 
 
+@pytest.mark.ranks
 def test_resume_at_another_world_size_continues_at_the_same_global_sample(tmp_path):
     # 4 ranks, stopped once with no requeue allowed: the checkpoint is taken, the job ends 75.
     r, lines = local_train(tmp_path, "w", "--max-requeues", "0", "--local-signal-after", "4",
@@ -182,6 +185,7 @@ def local_job(tmp_path, *argv: str, timeout: float = 240) -> tuple[subprocess.Co
         job_lines(tmp_path / "jobs", r))
 
 
+@pytest.mark.ranks
 def test_local_hang_is_judged_by_the_watchdog_and_names_the_rank(tmp_path):
     # The case: a rank asleep in the loop, --hang-timeout 15 (it was never judged).
     started = time.monotonic()
@@ -197,6 +201,7 @@ def test_local_hang_is_judged_by_the_watchdog_and_names_the_rank(tmp_path):
     assert "FAILED" in r.stdout
 
 
+@pytest.mark.ranks
 def test_local_failure_summary_names_the_rank_that_failed_first(tmp_path):
     r, _, text = local_job(tmp_path, "--nodes", "1", "--ntasks-per-node", "2",
                            "--env", "FAIL_MODE=raise", "--env", "FAIL_RANK=1",
@@ -206,6 +211,7 @@ def test_local_failure_summary_names_the_rank_that_failed_first(tmp_path):
     assert "the first failure a rank reported: rank 1 (host localhost) failed: RuntimeError" in text
 
 
+@pytest.mark.ranks
 def test_local_time_limit_warning_is_the_time_limit_to_the_decision(tmp_path):
     # --time 1 and a 50 s lead: the warning comes about 10 s in, and the decision, reading the
     # stand-in scontrol's TimeLimit and RunTime, calls it the time limit; no requeue is allowed.
@@ -218,6 +224,7 @@ def test_local_time_limit_warning_is_the_time_limit_to_the_decision(tmp_path):
             "limit of 0 requeues (--max-requeues) is reached") in text
 
 
+@pytest.mark.ranks
 def test_local_torchrun_with_preflight_runs_the_same_steps(tmp_path):
     r, job, text = local_job(tmp_path, "--launcher", "torchrun", "--preflight", "--nodes", "2",
                              "--ntasks-per-node", "2", str(ROOT / "examples" / "ddp_train.py"),

@@ -68,6 +68,7 @@ def test_an_exception_that_cannot_be_rebuilt_here_still_says_what_it_was(local):
     assert caught.value.error is None and "raise Unloadable(1, 2)" in caught.value.traceback
 
 
+@pytest.mark.ranks
 def test_a_checkpointable_is_checkpointed_on_every_rank_at_the_agreed_stop(local, tmp_path):
     """The local rehearsal of a preemption (the stop signal 4 s into the first run); the cluster
     test does it with Slurm's own."""
@@ -85,6 +86,7 @@ def test_a_checkpointable_is_checkpointed_on_every_rank_at_the_agreed_stop(local
     assert {m.split("-")[-1] for m in made} == {str(out["runs"][1])}  # the same agreed step
 
 
+@pytest.mark.ranks
 def test_a_plain_function_stopped_by_the_protocol_is_called_again(local, tmp_path):
     job = slurmddp.Executor(tmp_path / "jobs", local=True, nodes=1, signal_after=[3]).submit(
         functions.Trainer(40, 0.1, str(tmp_path)).__call__)  # a bound method: no checkpoint

@@ -17,7 +17,7 @@ import pytest
 
 import slurmddp
 from tests.batch import functions
-from tests.conftest import wait_until
+from tests.conftest import EVERY_SLURM, wait_until
 from tests.preemption.test_preemption_cluster import URGENT, job_fields
 
 pytestmark = pytest.mark.cluster
@@ -32,7 +32,7 @@ def on_cluster(slurm_cluster, tmp_path, monkeypatch):
     return slurmddp.Executor(tmp_path / "jobs", nodes=2, ntasks_per_node=2, partition="debug")
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_every_rank_of_two_nodes_runs_it_and_rank_0s_value_comes_back(on_cluster):
     job = on_cluster.submit(functions.all_reduce, 100.0)
     out = job.results(timeout=240)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from slurmddp.batch.jobspec import JobSpec, SpecError, build_spec
 from slurmddp.batch.sbatch import context, render_script
 from slurmddp.batch.templating import directive_quote
-from tests.conftest import tagged_json
+from tests.conftest import EVERY_SLURM, tagged_json
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE_GOLDEN = os.environ.get("SLURMDDP_UPDATE_GOLDEN") == "1"
@@ -291,6 +291,7 @@ def fakes(tmp_path_factory) -> Path:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=hostile_specs())
+@pytest.mark.ranks
 def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
     with tempfile.TemporaryDirectory(dir=fakes) as work_dir:
         work = Path(work_dir)
@@ -604,7 +605,7 @@ HOSTILE_VALUE = "x 'y' \"z\" $HOME $(touch pwned)\nsecond line"
 
 
 @pytest.mark.cluster
-@pytest.mark.every_slurm
+@EVERY_SLURM
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_rendered_script_runs_on_the_cluster(slurm_cluster, tmp_path, launcher):
     """2 nodes x 2 ranks with plain `sbatch --wait`; every rank's log is where the layout says."""
@@ -646,7 +647,7 @@ NASTY_NAMES = ["a b", "it's", 'say "hi"', "a#b # c", "back\\slash\\", "$(touch p
 
 
 @pytest.mark.cluster
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_sbatch_reads_directive_values_back_verbatim(slurm_cluster, tmp_path):
     """Job names and a --comment sbatch argument survive sbatch's own #SBATCH parsing."""
     jobs = tmp_path / "jobs"

@@ -298,6 +298,7 @@ print("RESULT", json.dumps(seen), flush=True)
 
 @pytest.mark.parametrize("target", [["train.py"], ["-m", "pkg.train"]])
 @pytest.mark.parametrize("snapshotted", [True, False])
+@pytest.mark.ranks
 def test_a_local_job_runs_the_code_as_it_was_submitted(tmp_path, target, snapshotted):
     go = tmp_path / "go"
     script = tmp_path / ("pkg/train.py" if target[0] == "-m" else "train.py")

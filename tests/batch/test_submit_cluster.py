@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, tagged_json, wait_until
+from tests.conftest import EVERY_SLURM, ROOT, tagged_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -34,7 +34,8 @@ def rank_results(job: dict, pattern: str = "rank-{}.log", count: int = 4) -> lis
                                                         "RESULT ")]  # fmt: skip
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
+@pytest.mark.smoke  # scripts/check
 def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp_path):
     r = slurmddp(slurm_cluster, "submit", "--follow", "--json", "--nodes", "2",
                  "--ntasks-per-node", "2", TRAIN, "--steps", "6", cwd=tmp_path)  # fmt: skip
@@ -149,7 +150,7 @@ def test_bad_input_queues_nothing(slurm_cluster, tmp_path):
     assert slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout == before
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_gpus_by_gres_beside_gpus_per_node_are_refused_before_sbatch_would(slurm_cluster,
                                                                           tmp_path):  # fmt: skip
     # Newer Slurm refuses the pair in sbatch itself (seen here on 26.05: "fatal:

@@ -529,6 +529,7 @@ def in_child(body) -> int:
     return pid
 
 
+@pytest.mark.ranks
 def test_sigkill_at_random_points_never_publishes_a_partial_checkpoint(tmp_path):
     directory = tmp_path / "ck"
     rng = random.Random(20240611)
@@ -930,6 +931,7 @@ def test_every_rank_loads_the_same_checkpoint_after_an_async_save(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["sync", "async", "sharded", "load"])
+@pytest.mark.ranks
 def test_a_save_or_load_longer_than_the_collective_timeout_completes(tmp_path, what):
     # The process group's collectives time out after 2 s; rank 0's file system work takes 5 s
     # more, while rank 1 waits for it.

@@ -159,6 +159,7 @@ out = {}
 PRELUDE_FSDP = PRELUDE + FSDP
 
 
+@pytest.mark.ranks
 def test_fsdp2_saves_in_the_background_while_training_goes_on(tmp_path):
     results = run_ranks(
         """
@@ -199,6 +200,7 @@ def test_fsdp2_saves_in_the_background_while_training_goes_on(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["shards", "manifest"])
+@pytest.mark.ranks
 def test_killed_mid_write_the_previous_checkpoint_stays_the_latest(tmp_path, where):
     directory = tmp_path / "ck"
     # Both ranks die with step 2 in flight: while DCP writes the shards, or while rank 0

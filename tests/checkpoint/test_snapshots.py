@@ -223,6 +223,7 @@ def test_a_snapshots_cost_is_the_recent_cycles_lower_median():
     assert costs == [3, 3, 3, 2, 3, 4, 4]
 
 
+@pytest.mark.ranks
 def test_an_evaluation_after_a_snapshot_leaves_the_spacing_as_it_was(tmp_path, monkeypatch):
     # One rank, steps of ~5 ms (a sleep leaves the interpreter to the snapshot's thread, as a
     # GPU's work does), a 2 MiB state, snapshot_every=4 within half the training's time: 4 or 8
@@ -431,6 +432,7 @@ def uninterrupted(tmp_path_factory) -> str:
     return digests.pop()
 
 
+@pytest.mark.ranks
 def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninterrupted):
     ended, _ = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--crash-at", "10")
     assert ended == []
@@ -442,6 +444,7 @@ def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninte
     assert not node_store(tmp_path, "n1").exists()  # mark_done removed the run's snapshots
 
 
+@pytest.mark.ranks
 def test_a_lost_nodes_shards_come_from_their_replicas_to_the_spare_bitwise(
         tmp_path, uninterrupted):  # fmt: skip
     run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--crash-at", "10")
@@ -453,6 +456,7 @@ def test_a_lost_nodes_shards_come_from_their_replicas_to_the_spare_bitwise(
     assert {Path(r["resumed"]).parent.name for r in results} == {"n1"}  # the holder of all four
 
 
+@pytest.mark.ranks
 def test_without_a_complete_snapshot_the_durable_checkpoint_is_used(tmp_path, uninterrupted):
     # One rank per node: with both nodes lost nothing of the snapshots is left.
     run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4", "--crash-at",
@@ -466,6 +470,7 @@ def test_without_a_complete_snapshot_the_durable_checkpoint_is_used(tmp_path, un
     assert {r["digest"] for r in results} == {uninterrupted}
 
 
+@pytest.mark.ranks
 def test_a_failure_during_a_snapshot_leaves_the_one_before(tmp_path, uninterrupted):
     # Rank 1 dies writing its snapshot of step 10: that step lacks its shard; step 9 is whole.
     ended, _ = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--die-in-snapshot", "10")
@@ -476,6 +481,7 @@ def test_a_failure_during_a_snapshot_leaves_the_one_before(tmp_path, uninterrupt
     assert {r["digest"] for r in results} == {uninterrupted}
 
 
+@pytest.mark.ranks
 def test_a_requeued_run_finds_no_snapshot_and_says_so(tmp_path, uninterrupted):
     # A requeue is a new run of the job (SLURM_RESTART_COUNT): the run before's snapshots stay
     # with it (here its stores are on the same nodes, and are removed as stale).
@@ -489,6 +495,7 @@ def test_a_requeued_run_finds_no_snapshot_and_says_so(tmp_path, uninterrupted):
     assert {r["digest"] for r in results} == {uninterrupted}
 
 
+@pytest.mark.ranks
 def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
     # 4 ranks on 2 nodes killed; 2 ranks on one node come back (a shrink): each takes the shard
     # of its own rank, all of them on that node, and trains on to the end (not bitwise: the
@@ -501,6 +508,7 @@ def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
     assert len(results) == 2 and {r["start"] for r in results} <= {9, 10}, results
 
 
+@pytest.mark.ranks
 def test_snapshots_over_their_budget_are_spaced_alike_on_every_rank(tmp_path, uninterrupted):
     # A budget no snapshot fits (0.01% of the time): the first snapshot's cycle is measured (less
     # its set-up), and at the second the ranks agree on the widest need, applied from there:

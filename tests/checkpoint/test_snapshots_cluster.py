@@ -44,7 +44,7 @@ from tests.test_elastic_cluster import (
     workers_on,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.snapshots]
+pytestmark = pytest.mark.cluster
 
 RESUMABLE = str(ROOT / "examples" / "resumable_train.py")
 SNAPSHOTS = ["--snapshot-every", "1", "--save-every", "1000", "--log-every", "1"]

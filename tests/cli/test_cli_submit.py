@@ -89,6 +89,7 @@ def test_submit_path_never_imports_torch(argv, tmp_path):
     assert "TORCH False" in r.stderr, r.stderr
 
 
+@pytest.mark.ranks
 def test_local_runs_the_training_and_status_reports_it(tmp_path):
     state = tmp_path / "state"
     argv = ["--local", "--follow", "--json", "--nodes", "2", "--ntasks-per-node", "2", TRAIN]
@@ -124,6 +125,7 @@ def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("sig", ["USR2", "USR1"])
+@pytest.mark.ranks
 def test_local_delivers_the_stop_signal_after_the_given_time(tmp_path, sig):
     script = tmp_path / "wait.py"
     script.write_text(
@@ -141,6 +143,7 @@ def test_local_delivers_the_stop_signal_after_the_given_time(tmp_path, sig):
     assert sig in r.stdout
 
 
+@pytest.mark.ranks
 def test_local_time_limit_warns_with_the_chosen_signal(tmp_path):
     # submitit's controller sends it signal_lead before its time-out, as Slurm does.
     script = tmp_path / "wait.py"

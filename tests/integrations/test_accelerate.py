@@ -30,6 +30,7 @@ def run(tmp_path, steps: int):
     return tagged_json(r.stdout, "RESULT ")
 
 
+@pytest.mark.ranks
 def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
     reference = run(tmp_path / "a", 40)
     # Save at step 25 through `Preemptible.save`, as a stop would, then resume to 40.
@@ -52,6 +53,7 @@ def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
     assert tagged_json(r.stdout, "RESULT ") == reference
 
 
+@pytest.mark.ranks
 def test_random_augmentation_in_workers_resumes_bitwise(tmp_path):
     # Issue 28: the example's dropout, noise on every sample in 2 worker processes; stopped in
     # the second epoch (64 steps an epoch) through Preemptible.save, as a stop would.
@@ -61,6 +63,7 @@ def test_random_augmentation_in_workers_resumes_bitwise(tmp_path):
     assert run_locally(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, None, *more) == reference
 
 
+@pytest.mark.ranks
 def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
     through_a_stuck_fork(SCRIPT, "--checkpoint-dir", tmp_path)
 
@@ -69,6 +72,7 @@ def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_pa
 # one `skip_first_batches` rebuilds, whose RandomSampler has no epoch of its own (it drew epoch
 # 0's order until Accelerate's epoch was written on it), and DDP's first backward after the
 # restart is primed (the sums of 4 ranks differ in their last bits otherwise).
+@pytest.mark.ranks
 def test_four_ranks_resume_bitwise_in_a_later_epoch(tmp_path):
     more = ("--augment", "--workers", "2")
     reference, _ = faulted(SCRIPT, "--checkpoint-dir", tmp_path / "ref", 40, *more, ranks=4)
@@ -83,6 +87,7 @@ def test_four_ranks_resume_bitwise_in_a_later_epoch(tmp_path):
 # killed (SIGKILL, nothing durable written) resumes from the newest snapshot, and ends bitwise:
 # alone, and at 4 ranks (torchrun restarts all of them) past the first epoch, as users train.
 @pytest.mark.parametrize("ranks", [1, 4])
+@pytest.mark.ranks
 def test_a_killed_loop_resumes_from_its_snapshot_bitwise(tmp_path, ranks):
     reference, resumed, at = killed_then_resumed(SCRIPT, "--checkpoint-dir", tmp_path, ranks,
                                                  "--augment", "--workers", "2")  # fmt: skip

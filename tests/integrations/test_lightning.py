@@ -27,6 +27,7 @@ def reference(tmp_path_factory) -> list[dict]:
 # next, the first of the second epoch); and in the second epoch (whose order a resumed
 # DistributedSampler drew as epoch 0's until the callback set its epoch).
 @pytest.mark.parametrize(("stop_at", "saved"), [(25, 25), (64, 65), (90, 90)])
+@pytest.mark.ranks
 def test_a_stop_saves_a_checkpoint_the_next_run_resumes_from_bitwise(tmp_path, reference,
                                                                      stop_at, saved):  # fmt: skip
     assert run(tmp_path, 100, stop_at=stop_at) == []  # stopped: no result
@@ -34,16 +35,19 @@ def test_a_stop_saves_a_checkpoint_the_next_run_resumes_from_bitwise(tmp_path, r
     assert run(tmp_path, 100) == reference
 
 
+@pytest.mark.ranks
 def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
     preempted.through_a_stuck_fork(SCRIPT, "--checkpoint-dir", tmp_path)
 
 
+@pytest.mark.ranks
 def test_a_loader_with_worker_processes_resumes_in_its_epoch_too(tmp_path, reference):
     # Lightning's issue #21938 is about exactly this: workers prefetch as the iterator is made.
     assert run(tmp_path, 100, 90, "--workers", "2") == []
     assert run(tmp_path, 100, None, "--workers", "2") == reference
 
 
+@pytest.mark.ranks
 def test_a_datamodules_loader_resumes_in_its_epoch_too(tmp_path, reference):
     assert run(tmp_path, 100, 90, "--datamodule") == []
     assert run(tmp_path, 100, None, "--datamodule") == reference
@@ -56,6 +60,7 @@ TRAINING_AS_USERS_WRITE_IT = ("--dropout", "0.2", "--augment", "--workers", "2")
 
 @pytest.mark.parametrize(("loader", "stop_at"), [(("--plain",), 25), ((), 90)],
                          ids=["plain-dataloader", "stateful-dataloader"])  # fmt: skip
+@pytest.mark.ranks
 def test_dropout_and_augmentation_in_workers_resume_bitwise(tmp_path, loader, stop_at):
     more = (*TRAINING_AS_USERS_WRITE_IT, *loader)
     reference = run(tmp_path / "reference", 100, None, *more)
@@ -73,6 +78,7 @@ def faulted(ckpt, *more: str, ranks: int = 1, **env: str) -> tuple[list[dict], s
 # Issue 30: the Trainer's checkpoint kept in the node's memory (snapshot_every=1, within the
 # default budget); the process killed mid-epoch (SIGKILL, no checkpoint written) resumes from the
 # last snapshot, not from the start, and ends bitwise.
+@pytest.mark.ranks
 def test_a_killed_fit_resumes_from_its_snapshot_bitwise(tmp_path):
     node = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path / "shm"), "CRASH_RANK": "0"}
     reference, _ = faulted(tmp_path / "reference")
@@ -86,6 +92,7 @@ def test_a_killed_fit_resumes_from_its_snapshot_bitwise(tmp_path):
 # with more than two ranks the layout decides gloo's order of summing; the resumed run's first
 # backward is primed, or its gradients differ from the uninterrupted run's in their last bits.
 # Then one rank killed (torchrun restarts all four on the node) resumes from the snapshots.
+@pytest.mark.ranks
 def test_four_ranks_resume_bitwise_from_a_stop_and_from_snapshots_after_a_rank_is_killed(
         tmp_path):  # fmt: skip
     reference, _ = faulted(tmp_path / "reference", ranks=4)

@@ -39,6 +39,7 @@ def test_an_uninterrupted_run_ends_at_its_last_step(tmp_path):
     assert [x["steps"] for x in tagged_json(r.stdout, "RESULT ")] == [5]
 
 
+@pytest.mark.ranks
 def test_random_augmentation_in_workers_resumes_bitwise_and_without_the_seeding_does_not(
     tmp_path,
 ):
@@ -54,6 +55,7 @@ def test_random_augmentation_in_workers_resumes_bitwise_and_without_the_seeding_
                                 SLURMDDP_EXACT_DATA="0") != reference  # fmt: skip
 
 
+@pytest.mark.ranks
 def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
     through_a_stuck_fork(SCRIPT, "--output-dir", tmp_path)
 
@@ -63,6 +65,7 @@ def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_pa
 # written out as the Trainer's checkpoint files, and ends bitwise: alone, and at 4 ranks
 # (torchrun restarts all of them) past the first epoch (16 steps at 4 ranks), as users train.
 @pytest.mark.parametrize("ranks", [1, 4])
+@pytest.mark.ranks
 def test_a_killed_trainer_resumes_from_its_snapshot_bitwise(tmp_path, ranks):
     reference, resumed, at = killed_then_resumed(SCRIPT, "--output-dir", tmp_path, ranks,
                                                  "--augment", "--workers", "2")  # fmt: skip

@@ -90,6 +90,7 @@ def run_ranks(spec: dict, world: int = 3, timeout: float = 180,
     return sorted(results, key=lambda r: r["rank"])
 
 
+@pytest.mark.ranks
 def test_a_signal_stops_every_rank_within_two_steps_when_the_pace_slows_down():
     # 1.2 s of 1 ms steps, then 0.3 s steps; rank 1 is signalled at its 5th slow step. Agreeing
     # by collectives paced at the fast steps would come ~1000 steps (5 minutes) later.
@@ -99,12 +100,14 @@ def test_a_signal_stops_every_rank_within_two_steps_when_the_pace_slows_down():
     assert results[1]["after"] <= 2 * 0.3 + 0.2, results
 
 
+@pytest.mark.ranks
 def test_while_nothing_happens_the_ranks_do_not_communicate():
     results = run_ranks({"paces": [[[3000, 0.0005]]] * 3, "signal_at": []})
     assert {r["stop"] for r in results} == {None}
     assert {r["reductions"] for r in results} == {1}  # the first call settles the way, once
 
 
+@pytest.mark.ranks
 def test_ranks_that_drift_apart_still_stop_at_the_same_call():
     # No collective in the loop: rank 2 runs ten times slower than the others and is signalled.
     paces = [[[400, 0.002]], [[400, 0.002]], [[400, 0.02]]]
@@ -121,6 +124,7 @@ def test_a_term_on_one_rank_is_agreed_as_term():
 
 
 @pytest.mark.parametrize("every", [1, 4])
+@pytest.mark.ranks
 def test_every_n_calls_agree_by_collectives_at_exactly_those_calls(every):
     results = run_ranks({"paces": [[[60, 0.001]]] * 3, "signal_at": [[1, 7]],
                          "kwargs": {"every": every}})  # fmt: skip
@@ -137,6 +141,7 @@ TCP_PROGRAM = PROGRAM.replace(
 )
 
 
+@pytest.mark.ranks
 def test_without_the_store_the_ranks_agree_by_paced_collectives():
     spec = {"paces": [[[3000, 0.005]]] * 3, "signal_at": [[1, 300]],
             "tcp": f"tcp://127.0.0.1:{free_port()}"}  # fmt: skip

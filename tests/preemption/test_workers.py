@@ -43,6 +43,7 @@ DATALOADER = """
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+@pytest.mark.ranks
 def test_dataloader_workers_outlive_slurms_signals_until_the_rank_stops(tmp_path, method):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(DATALOADER))
@@ -55,6 +56,7 @@ def test_dataloader_workers_outlive_slurms_signals_until_the_rank_stops(tmp_path
     assert "killed by signal" not in r.stderr and "exited unexpectedly" not in r.stderr
 
 
+@pytest.mark.ranks
 def test_without_the_shield_a_spawned_worker_dies_of_slurms_term(tmp_path):
     # The same job with the DataLoader shield taken away fails: the test above can fail.
     script = tmp_path / "train.py"
@@ -71,6 +73,7 @@ def test_without_the_shield_a_spawned_worker_dies_of_slurms_term(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+@pytest.mark.ranks
 def test_a_dataloader_still_ends_its_workers_and_a_busy_pool_and_process_still_terminate(method):
     r = run_python(f"""
         import multiprocessing as mp, os, signal, time, torch, slurmddp

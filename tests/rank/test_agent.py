@@ -135,6 +135,7 @@ def test_empty_log_directories_are_removed_and_logs_kept(tmp_path):
     (("--redirects", "2"), ["stderr.log", "stderr.log"]),  # the workers' output: the user's
     (("--log-dir", "{mine}", "--redirects", "2"), []),  # their own directory: left as it is
 ], ids=["plain", "redirects", "log-dir"])  # fmt: skip
+@pytest.mark.ranks
 def test_the_agent_leaves_in_tmp_only_what_the_user_asked_torchrun_to_keep(tmp_path, options, left):
     # torchrun makes /tmp/torchelastic_* per agent and run and never removes it.
     tmp, mine = tmp_path / "tmp", tmp_path / "mine"

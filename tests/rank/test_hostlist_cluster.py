@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from slurmddp.rank.hostlist import compress, expand
-from tests.conftest import SLURM_VERSION
+from tests.conftest import EVERY_SLURM, SLURM_VERSION
 from tests.rank.test_hostlist import COMPRESS_CASES, EXPAND_CASES, MALFORMED, host_lists, nodelists
 
-pytestmark = [pytest.mark.cluster, pytest.mark.every_slurm]
+pytestmark = [pytest.mark.cluster, EVERY_SLURM]
 
 # About 6 ms per example (one scontrol run): the two fuzz tests take under 10 s together.
 FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

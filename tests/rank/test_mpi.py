@@ -51,6 +51,7 @@ def test_mpirun_on_one_host_places_every_rank():
                        ("2", "0", "1", "1", "2")]),
     ],
 )  # fmt: skip
+@pytest.mark.ranks
 def test_across_hosts_outside_slurm_the_ranks_say_where_they_run(mapping, np, expected):
     # mpi_two_hosts.py makes mpirun's variables say two hosts; the rest is real.
     r = run([*MPIRUN, "-np", str(np), sys.executable, str(PROGRAMS / "mpi_two_hosts.py"),
@@ -95,6 +96,7 @@ def test_mpich_hydra_launches_every_rank():
 
 @pytest.mark.parametrize("launcher", [[*MPIRUN, "-np", "3"], ["mpiexec.hydra", "-n", "3"]],
                          ids=["mpirun", "hydra"])  # fmt: skip
+@pytest.mark.ranks
 def test_doctor_check_under_mpi_launchers(launcher):
     r = run([*launcher, sys.executable, "-m", "slurmddp", "doctor", "--check"])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -102,6 +104,7 @@ def test_doctor_check_under_mpi_launchers(launcher):
     assert "all checks passed" in r.stdout
 
 
+@pytest.mark.ranks
 def test_backend_mpi_without_torch_mpi_says_what_works_instead():
     code = "import slurmddp; slurmddp.init(backend='mpi')"
     r = run([*MPIRUN, "-np", "1", sys.executable, "-c", code])

@@ -99,6 +99,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
      ("bogus", "slurmddp.init()", "ERR SLURMDDP_BACKEND='bogus' is not a backend: use one of "
                                   "auto, nccl, gloo, mpi (slurmddp submit --backend)")],
 )  # fmt: skip
+@pytest.mark.ranks
 def test_init_takes_the_backend_the_job_was_submitted_with(submitted, call, expected):
     r = run_python(f"""
         import slurmddp, torch.distributed as td
@@ -155,6 +156,7 @@ def start_ranks(code: str, ranks: list[int], world: int, port: int, **env: str) 
     return [own_lines(p.communicate(timeout=120)[0]).strip() for p in procs]
 
 
+@pytest.mark.ranks
 def test_a_rank_that_never_joins_is_named_after_the_startup_timeout():
     port = free_port()
     # Rank 2 of 3 never comes; rank 1 waits on rank 0's store, rank 0 on both.
@@ -252,6 +254,7 @@ CLAIM = """
     """
 
 
+@pytest.mark.ranks
 def test_ranks_that_claim_one_gpu_all_hear_it_at_the_rendezvous():
     def rendezvous(gpus: list[str]) -> list[str]:
         port = str(free_port())
@@ -328,6 +331,7 @@ def torchrun_restarting(tmp_path: Path, **env: str) -> subprocess.CompletedProce
         timeout=300)  # fmt: skip
 
 
+@pytest.mark.ranks
 def test_under_torchruns_own_restarts_rank_0_says_once_they_will_fail(tmp_path):
     # torch 2.13's torchrun, its store shared across restarts: no crash here (the restart's
     # failure is torch's, pytorch/pytorch#167288, and not every time), the warning only.
@@ -337,6 +341,7 @@ def test_under_torchruns_own_restarts_rank_0_says_once_they_will_fail(tmp_path):
         == 1, r.stderr[-3000:]  # fmt: skip
 
 
+@pytest.mark.ranks
 def test_torchrun_with_a_store_per_round_restarts_a_crashed_worker(tmp_path):
     # What the warning advises for torchrun itself: the crashed worker's restart resumes.
     r = torchrun_restarting(tmp_path, CRASH_RANK="1", CRASH_AT="15",

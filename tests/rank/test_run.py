@@ -91,6 +91,7 @@ THREADS = 'import os, torch; print(os.environ.get("OMP_NUM_THREADS"), torch.get_
     ({"SLURM_CPUS_PER_TASK": "2"}, "2 2"),  # what srun --cpus-per-task gave the task
     ({"OMP_NUM_THREADS": "2"}, "2 2"),  # the user's own setting stays
 ])  # fmt: skip
+@pytest.mark.ranks
 def test_each_rank_runs_the_threads_it_was_given(tmp_path, extra, expected):
     p = tmp_path / "threads.py"
     p.write_text(THREADS)

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from slurmddp.rank.env import derive_port, port_range
-from tests.conftest import PROGRAMS, ROOT, SLURM_VERSION, tagged_json
+from tests.conftest import EVERY_SLURM, PROGRAMS, ROOT, SLURM_VERSION, tagged_json
 
 pytestmark = pytest.mark.cluster
 
@@ -54,7 +54,7 @@ def check_probes(probes: list[dict], world: int, nodes: list[str]) -> None:
     assert probes[0]["env"]["MASTER_ADDR"] == nodes[0]
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_under_a_topology_plugin_the_rendezvous_is_served_where_master_addr_points(
     slurm_cluster, python
 ):
@@ -79,7 +79,7 @@ def test_under_a_topology_plugin_the_rendezvous_is_served_where_master_addr_poin
         assert rank_0["env"]["SLURMD_NODENAME"] == "n3" and servers[0]["rank"] != 0
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 @pytest.mark.parametrize(("n_nodes", "n_tasks"), [(4, 8), (3, 5)], ids=["N4n8", "N3n5-uneven"])
 def test_srun_places_every_rank(slurm_cluster, python, n_nodes, n_tasks):
     r = slurm_cluster.srun([f"-N{n_nodes}", f"-n{n_tasks}", "-w", ",".join(NODES[:n_nodes])],
@@ -131,7 +131,7 @@ def test_arbitrary_distribution_takes_the_master_from_the_host_file(slurm_cluste
     assert all(p["all_reduce"] == 10 for p in probes)
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_torchrun_per_node_under_srun(slurm_cluster, python):
     port = port_range(os.environ)[-1]  # this pass's own range: the other cluster's jobs avoid it
     torchrun = [python, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
@@ -187,7 +187,7 @@ def test_doctor_shows_sources(slurm_cluster, python):
 MPI_PLUGINS = ["pmi2"] if SLURM_VERSION == "26.05" else ["pmix", "pmi2"]
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 @pytest.mark.mpi
 @pytest.mark.parametrize("plugin", MPI_PLUGINS)
 def test_srun_with_an_mpi_plugin_gives_the_same_answers(slurm_cluster, python, plugin):
@@ -236,7 +236,7 @@ def test_mpirun_round_robin_or_uneven_over_nodes(slurm_cluster, python, tmp_path
     check_probes(probes, len(probes), ["n1", "n2"])
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_launcher_variables_left_in_an_salloc_shell_are_named_in_one_line(slurm_cluster, python):
     # RANK and WORLD_SIZE exported by hand (a torchrun tried earlier) contradict the step.
     env = slurm_cluster.env(RANK="0", WORLD_SIZE="4", MASTER_ADDR="localhost")
@@ -246,7 +246,7 @@ def test_launcher_variables_left_in_an_salloc_shell_are_named_in_one_line(slurm_
     assert "left over from another launch" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_in_an_interactive_step_a_script_is_one_process_and_srun_places_every_rank(
     slurm_cluster, python, tmp_path
 ):

@@ -76,6 +76,7 @@ LOADERS = [
 
 
 @pytest.mark.parametrize(("workers", "method", "persistent"), LOADERS)
+@pytest.mark.ranks
 def test_a_resumed_loader_yields_what_the_uninterrupted_one_did(workers, method, persistent):
     torch.manual_seed(0)
 
@@ -255,6 +256,7 @@ def preempted_twice(checkpoints, stops: str, *args: str, world: int = 2, **env: 
     ids=["resumable-in-process", "distributed-forkserver-persistent-prefetch4",
          "random-spawn-persistent", "distributed-fork", "4-ranks-resumable-fork"],
 )  # fmt: skip
+@pytest.mark.ranks
 def test_the_readme_loop_with_dropout_and_augmentation_resumes_bitwise(tmp_path, world, sampler,
                                                                         loading):  # fmt: skip
     # 48 samples, 4 per rank per step: at 2 ranks 6 steps an epoch, at 4 ranks 3. Stopped
@@ -267,6 +269,7 @@ def test_the_readme_loop_with_dropout_and_augmentation_resumes_bitwise(tmp_path,
                            world=world) == reference  # fmt: skip
 
 
+@pytest.mark.ranks
 def test_the_readme_loop_without_the_seeding_drifts_the_control(tmp_path):
     reference = {r["digest"] for r in run_loop(tmp_path / "a", SLURMDDP_EXACT_DATA="0")}
     assert preempted_twice(tmp_path / "b", "4,12", SLURMDDP_EXACT_DATA="0") != reference
@@ -291,6 +294,7 @@ def test_the_guides_table_of_what_is_exact_names_these_tests():
 QUICK_START = str(PROGRAMS / "readme_quickstart.py")
 
 
+@pytest.mark.ranks
 def test_the_readmes_quick_start_loop_as_written_resumes_bitwise(tmp_path):
     # The README's own block, executed (not a copy): dropout, augmenting workers, a sampler.
     reference = {r["digest"] for r in run_ranks(QUICK_START, tmp_path / "a", world=2)}

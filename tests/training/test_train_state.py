@@ -185,6 +185,7 @@ def train(*args) -> str:
     return r.stdout.split("HASH ", 1)[1].strip()
 
 
+@pytest.mark.ranks
 def test_resumed_in_a_fresh_process_the_run_ends_bitwise_equal(tmp_path):
     # 10 steps per epoch: the checkpoint is mid-epoch 1, the run ends in epoch 2.
     full = train("full", tmp_path, 13, 27)
@@ -308,6 +309,7 @@ def _abort_tree(pid: int) -> None:
         os.kill(pid, signal.SIGABRT)
 
 
+@pytest.mark.ranks
 def test_ranks_that_hang_fail_the_test_with_every_process_stack(tmp_path):
     program = tmp_path / "hang.py"
     program.write_text("import os, time\n"
@@ -317,6 +319,7 @@ def test_ranks_that_hang_fail_the_test_with_every_process_stack(tmp_path):
         run_ranks(str(program), tmp_path, world=2, timeout=5)
 
 
+@pytest.mark.ranks
 def test_the_readme_loop_resumes_bitwise_without_a_call_to_prime_ddp(tmp_path):
     # Four ranks: with more than two, DDP's bucket layout decides the order of the sums.
     reference = {r["digest"] for r in run_readme_loop(tmp_path / "a")}

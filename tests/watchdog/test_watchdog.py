@@ -39,6 +39,7 @@ def torchrun(tmp_path: Path, *args: str, timeout_s: float = TIMEOUT_S, **extra: 
     ("sleep", 1, "it is not waiting for another rank: it is in "),
     ("startup", 1, "it is not waiting for another rank: it is in "),
 ])  # fmt: skip
+@pytest.mark.ranks
 def test_a_hung_rank_is_named_its_stacks_written_and_the_run_ended(tmp_path, mode, suspect, why):
     # torch's flight recorder (on by default in torch 2.13; set here all the same) is dumped too.
     r, took = torchrun(tmp_path, mode, "--rank", str(suspect), "--at", "3",
@@ -60,6 +61,7 @@ def test_a_hung_rank_is_named_its_stacks_written_and_the_run_ended(tmp_path, mod
     assert took < 60
 
 
+@pytest.mark.ranks
 def test_a_run_that_does_not_hang_is_left_alone_and_its_work_marks_the_end(tmp_path):
     # Steps of 0.4 s with a timeout of 2 s: progress keeps coming; after mark_done() the ranks
     # linger past the timeout (destroy, exit) and are not judged.
@@ -69,6 +71,7 @@ def test_a_run_that_does_not_hang_is_left_alone_and_its_work_marks_the_end(tmp_p
     assert not (tmp_path / "hang" / "report.txt").exists()
 
 
+@pytest.mark.ranks
 def test_a_script_that_never_reports_progress_is_never_judged(tmp_path):
     r, took = torchrun(tmp_path, "silent", "--steps", "20", "--step-time", "0.3", timeout_s=2)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -76,6 +79,7 @@ def test_a_script_that_never_reports_progress_is_never_judged(tmp_path):
     assert not (tmp_path / "hang" / "report.txt").exists()
 
 
+@pytest.mark.ranks
 def test_no_watchdog_without_its_directory(tmp_path):
     env = launcher_free_env(SLURMDDP_HANG_TIMEOUT="1")
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",

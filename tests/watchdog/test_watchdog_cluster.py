@@ -14,7 +14,7 @@ import pytest
 
 from slurmddp.rank import hostlist
 from slurmddp.watchdog.verdict import ranks_text
-from tests.conftest import ROOT
+from tests.conftest import EVERY_SLURM, ROOT
 from tests.preemption.test_preemption_cluster import Job
 
 pytestmark = pytest.mark.cluster
@@ -44,7 +44,7 @@ def last_progress(job: Job) -> float:
 @pytest.mark.parametrize("mode, rank, why", [
     # Slurm's end of a step with a stopped task may differ between versions: on both.
     pytest.param("stop", 2, "it did not answer: its process is stopped, or holds the interpreter "
-                 "lock", marks=pytest.mark.every_slurm),
+                 "lock", marks=EVERY_SLURM),
     ("sleep", 3, "it is not waiting for another rank: it is in "),
     ("skip", 1, "while the others are at progress call"),
     ("startup", 2, "it is not waiting for another rank: it is in "),
@@ -76,7 +76,7 @@ def test_a_hung_rank_ends_the_job_named_with_its_node(slurm_cluster, tmp_path, m
         assert took < TIMEOUT_S + 30, took
 
 
-@pytest.mark.every_slurm
+@EVERY_SLURM
 def test_a_rank_stuck_on_its_node_gets_the_job_requeued_without_that_node(slurm_cluster,
                                                                           tmp_path):
     job = hang_job(slurm_cluster, tmp_path, "stop", 2, "--steps", "40", "--first-run-only",
