@@ -33,6 +33,11 @@ import slurmddp
 from slurmddp.training import train_state
 
 
+def digest(flat: torch.Tensor) -> str:
+    """The parameters' bits, hashed (no numpy: the example needs only torch)."""
+    return hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]
+
+
 def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # A function of (step, rank): a resume needs only the step counter. With a DataLoader, see
     # ddp_sampler_eval.py for the sampler that resumes mid-epoch.
@@ -101,7 +106,7 @@ def main() -> None:
                   "growth_tracker": scaler.state_dict()["_growth_tracker"],
                   "resumed_scale": resumed_scale, "loss": round(loss.item(), 6),
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]}  # fmt: skip
+                  "digest": digest(flat)}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -37,6 +37,11 @@ import slurmddp
 from slurmddp.training import train_state
 
 
+def digest(flat: torch.Tensor) -> str:
+    """The parameters' bits, hashed (no numpy: the example needs only torch)."""
+    return hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]
+
+
 def make_data(n: int, seed: int) -> TensorDataset:
     x = torch.randn(n, 16, generator=torch.Generator().manual_seed(seed))
     y = torch.sin(x @ torch.linspace(-1, 1, 16)).unsqueeze(1)
@@ -118,7 +123,7 @@ def main() -> None:
         result = {"world_size": world, "epochs": args.epochs, "steps": step,
                   "val_loss": round(val_loss, 6),
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16],
+                  "digest": digest(flat),
                   "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     dist.barrier()  # leave together: a rank that tears down early can abort a slower one

@@ -34,6 +34,11 @@ from torch.distributed.fsdp import fully_shard
 import slurmddp
 
 
+def digest(flat: torch.Tensor) -> str:
+    """The parameters' bits, hashed (no numpy: the example needs only torch)."""
+    return hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]
+
+
 def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # A function of (step, rank): a resume needs only the step counter.
     g = torch.Generator().manual_seed(10_000 * step + rank)
@@ -107,7 +112,7 @@ def main() -> None:
         result = {"world_size": world, "steps": step, "loss": round(loss.item(), 6),
                   "parameters": flat.numel(), "parameters_on_rank0": local,
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]}  # fmt: skip
+                  "digest": digest(flat)}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     ckpt.wait()  # an asynchronous sharded save needs the process group until it is written
     dist.barrier()

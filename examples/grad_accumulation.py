@@ -28,6 +28,11 @@ from torch.nn.parallel import DistributedDataParallel
 import slurmddp
 
 
+def digest(flat: torch.Tensor) -> str:
+    """The parameters' bits, hashed (no numpy: the example needs only torch)."""
+    return hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]
+
+
 def micro_batch(step: int, rank: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1_000_000 * step + 1000 * rank + micro)
     x = torch.randn(16, 8, generator=g)
@@ -87,7 +92,7 @@ def main() -> None:
         result = {"world_size": world, "steps": args.steps, "accum": k,
                   "allreduces_per_micro_step": per_micro, "grad_max_diff": grad_diff,
                   "finite": bool(flat.isfinite().all()),
-                  "digest": hashlib.sha256(bytes(flat.view(torch.uint8).tolist())).hexdigest()[:16]}  # fmt: skip
+                  "digest": digest(flat)}  # fmt: skip
         print(f"RESULT {json.dumps(result)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
