@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import _PROJECT_PORTS, free_port
 
@@ -15,3 +19,56 @@ def test_free_port_is_bindable_and_never_ephemeral_nor_the_projects():
         assert not low <= port <= high and port not in _PROJECT_PORTS, port
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+# A session of its own, in two modules: a module's shared jobs outlive each of its tests and end
+# with the module; a failed test's job and the node it drained are gone before the next test.
+SHARED = '''
+import pytest
+
+pytestmark = pytest.mark.cluster
+SLEEP = ["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "sleep 600"]
+
+
+def queued(cluster):
+    return cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+
+
+@pytest.fixture(scope="module")
+def shared_job(slurm_cluster):
+    return slurm_cluster.run(SLEEP).stdout.strip()
+
+
+def test_reads_the_shared_job(slurm_cluster, shared_job):
+    assert shared_job in queued(slurm_cluster)
+
+
+def test_still_finds_the_shared_job_and_fails_leaving_its_own(slurm_cluster, shared_job):
+    assert shared_job in queued(slurm_cluster)
+    own = slurm_cluster.run(SLEEP + ["--nodelist=n4"]).stdout.strip()
+    slurm_cluster.run(["scontrol", "update", "NodeName=n4", "State=DRAIN", "Reason=test"])
+    print("JOBS", shared_job, own)
+    raise AssertionError("fails on purpose")
+'''
+AFTER = '''
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def test_the_cluster_is_as_up_left_it(slurm_cluster):
+    assert slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split() == []
+    nodes = slurm_cluster.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t"]).stdout
+    assert sorted(nodes.split("\\n")[:-1]) == [f"n{i} idle" for i in range(1, 5)], nodes
+'''
+
+
+@pytest.mark.cluster
+def test_a_failed_cluster_test_leaves_no_job_and_no_drained_node(slurm_cluster, tmp_path):
+    (tmp_path / "test_a_shared.py").write_text(SHARED)
+    (tmp_path / "test_b_after.py").write_text(AFTER)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p",
+                        "no:cacheprovider", "-rA", "-q", str(tmp_path)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert "1 failed, 2 passed" in r.stdout, r.stdout + r.stderr
+    assert "test_still_finds_the_shared_job_and_fails_leaving_its_own" in r.stdout, r.stdout
