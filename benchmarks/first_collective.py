@@ -34,12 +34,15 @@ from slurmddp.rank.hostlist import expand
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 PROBE = str(PROGRAMS / "probe.py")
-NODES, PER_NODE = 4, 2
-ALLOCATION = ["salloc", f"-N{NODES}", f"--ntasks-per-node={PER_NODE}", "--partition=debug",
-              "--time=30", "--quiet"]  # fmt: skip
+NODES, PER_NODE = 4, 2  # the benchmark's; the tests take a smaller allocation
 
 
-def _commands(head: str, port: int) -> dict[str, list[str]]:
+def _allocation(nodes: int, per_node: int) -> list[str]:
+    return ["salloc", f"-N{nodes}", f"--ntasks-per-node={per_node}", "--partition=debug",
+            "--time=30", "--quiet"]  # fmt: skip
+
+
+def _commands(head: str, port: int, nodes: int, per_node: int) -> dict[str, list[str]]:
     """Each contender's command; `head` is the allocation's first node."""
     py = sys.executable
     srun = ["srun", "--kill-on-bad-exit=1"]
@@ -48,20 +51,20 @@ def _commands(head: str, port: int) -> dict[str, list[str]]:
     return {
         "ours": [*srun, py, "-m", "slurmddp.run", PROBE],
         "floor": [*srun, "bash", "-c", by_hand],
-        "torchrun": [*srun, f"--ntasks={NODES}", "--ntasks-per-node=1", py, "-m",
-                     "torch.distributed.run", f"--nnodes={NODES}",
-                     f"--nproc-per-node={PER_NODE}", "--rdzv-backend=c10d",
+        "torchrun": [*srun, f"--ntasks={nodes}", "--ntasks-per-node=1", py, "-m",
+                     "torch.distributed.run", f"--nnodes={nodes}",
+                     f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
                      f"--rdzv-endpoint={head}:{port}", f"--rdzv-id=bench{port}", PROBE],
         "submitit": [*srun, py, str(PROGRAMS / "submitit_probe.py")],
     }  # fmt: skip
 
 
-def _first_collective(command: list[str], env: dict[str, str]) -> float:
+def _first_collective(command: list[str], env: dict[str, str], world: int) -> float:
     """Seconds from starting `command` to the last rank's first all_reduce returning."""
     start = time.time()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     lines = [ln.split() for ln in done.stdout.splitlines() if ln.startswith("FIRST_COLLECTIVE ")]
-    if done.returncode or len(lines) != NODES * PER_NODE or {ln[3] for ln in lines} != {"8"}:
+    if done.returncode or len(lines) != world or {ln[3] for ln in lines} != {str(world)}:
         raise RuntimeError(f"{command[:6]} failed ({done.returncode}): {done.stdout[-2000:]}"
                            f"{done.stderr[-2000:]}")
     return max(float(ln[1]) for ln in lines) - start
@@ -71,25 +74,29 @@ def measure(repeats: int) -> dict[str, float]:
     """Inside the allocation: the median time of each contender, alternated."""
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     head = expand(env["SLURM_JOB_NODELIST"])[0]
+    nodes, per_node = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS_PER_NODE"])
     # The allocation's own ports, as slurmddp derives its steps': no other cluster's job (scripts/
     # test runs three at once here) nor a job of this one running beside it takes them.
     job, in_range = int(env["SLURM_JOB_ID"]), port_range(env)
     ports = (derive_port(job, step, in_range) for step in itertools.count())
 
     def contender(name: str):
-        return lambda: _first_collective(_commands(head, next(ports))[name], env)
+        return lambda: _first_collective(_commands(head, next(ports), nodes, per_node)[name], env,
+                                         nodes * per_node)  # fmt: skip
 
-    return alternate({name: contender(name) for name in _commands(head, 0)}, repeats)
+    return alternate({name: contender(name) for name in _commands(head, 0, nodes, per_node)},
+                     repeats)  # fmt: skip
 
 
-def run(repeats: int = 5) -> list[Row]:
+def run(repeats: int = 5, nodes: int = NODES, per_node: int = PER_NODE) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="slurmddp-bench-") as work:
         out = Path(work) / "medians.json"
-        subprocess.run([*ALLOCATION, sys.executable, "-m", "benchmarks.first_collective",
+        subprocess.run([*_allocation(nodes, per_node), sys.executable, "-m",
+                        "benchmarks.first_collective",
                         "--in-allocation", str(out), "--repeats", str(repeats)],
                        env=cluster_env(), check=True)  # fmt: skip
         medians = json.loads(out.read_text())
-    metric = f"time to first collective, {NODES}x{PER_NODE} ranks"
+    metric = f"time to first collective, {nodes}x{per_node} ranks"
     return [
         Row("startup", metric, medians["ours"], medians["floor"], "s", "env:// by hand",
             "<= 1.05"),

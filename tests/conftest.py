@@ -189,18 +189,29 @@ def cluster_env() -> tuple[str, str, str, Path, str]:
 _FIXTURE_JOBS: set[str] = set()
 
 
-def _queued(cluster: Cluster) -> set[str]:
-    r = cluster.run(["squeue", "-h", "-o", "%i"], timeout=60)
-    return set(r.stdout.split()) if r.returncode == 0 else set()
+def _session_dirs(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Where this session's jobs are submitted from: its directory and its temporary ones."""
+    return (str(request.config.invocation_params.dir),
+            str(request.getfixturevalue("tmp_path_factory").getbasetemp()))  # fmt: skip
 
 
-def _clear(cluster: Cluster, jobs: set[str]) -> None:
-    """Cancel `jobs`, wait until they have left the queue, and bring back to service the nodes a
+def _queued(cluster: Cluster, dirs: tuple[str, str]) -> set[str]:
+    """This session's jobs pending or running: those submitted from its `dirs` (another session
+    on the same cluster keeps its own), and not those already completing (their end is under way:
+    a test whose job just ended need not wait for it)."""
+    r = cluster.run(["squeue", "-h", "-t", "PD,R,S,CF,RQ,RS,RH,SO,ST", "-o", "%i|%Z"], timeout=60)
+    lines = r.stdout.splitlines() if r.returncode == 0 else []
+    jobs = (line.split("|", 1) for line in lines if "|" in line)
+    return {job for job, workdir in jobs if workdir.startswith(dirs)}
+
+
+def _clear(cluster: Cluster, dirs: tuple[str, str], jobs: set[str]) -> None:
+    """Cancel `jobs`, wait until none of them runs or waits, and bring back to service the nodes a
     test left drained or down: the next test finds the cluster as `up` leaves it."""
     if jobs:
         cluster.run(["scancel", *sorted(jobs)], timeout=60)
         deadline = time.monotonic() + 90
-        while _queued(cluster) & jobs and time.monotonic() < deadline:
+        while _queued(cluster, dirs) & jobs and time.monotonic() < deadline:
             time.sleep(0.5)
     states = cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=60).stdout.split()
     # Pairs of node and state; a state's suffix (*: not responding, ...) does not matter here.
@@ -217,17 +228,21 @@ def pytest_fixture_setup(fixturedef, request):
     uses_cluster = "slurm_cluster" in request.fixturenames
     wide = uses_cluster and fixturedef.scope != "function" and fixturedef.argname != "slurm_cluster"
     cluster = request.getfixturevalue("slurm_cluster") if wide else None
-    before = _queued(cluster) if cluster else set()
+    dirs = _session_dirs(request) if cluster else ("", "")
+    before = _queued(cluster, dirs) if cluster else set()
     yield
     if cluster:
-        mine = _queued(cluster) - before
+        mine = _queued(cluster, dirs) - before
         _FIXTURE_JOBS.update(mine)
 
         def cancel() -> None:
-            _clear(cluster, mine)
+            _clear(cluster, dirs, mine)
             _FIXTURE_JOBS.difference_update(mine)
 
         fixturedef.addfinalizer(cancel)
+
+
+_FAILED = pytest.StashKey[bool]()  # on a test item: one of its phases failed
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -235,9 +250,6 @@ def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     if report.failed:
         item.stash[_FAILED] = True
-
-
-_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)
@@ -249,10 +261,11 @@ def _cluster_left_clean(request) -> Iterator[None]:
         yield
         return
     cluster = request.getfixturevalue("slurm_cluster")
+    dirs = _session_dirs(request)
     yield
     if request.node.stash.get(_FAILED, False):
         subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, timeout=300)
-    _clear(cluster, _queued(cluster) - _FIXTURE_JOBS)
+    _clear(cluster, dirs, _queued(cluster, dirs) - _FIXTURE_JOBS)
 
 
 @pytest.fixture(scope="session")
