@@ -224,9 +224,9 @@ def _clear(cluster: Cluster, dirs: tuple[str, str], jobs: set[str]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef, request):
-    """Jobs submitted while a module- or session-wide fixture sets up belong to it."""
-    uses_cluster = "slurm_cluster" in request.fixturenames
-    wide = uses_cluster and fixturedef.scope != "function" and fixturedef.argname != "slurm_cluster"
+    """Jobs submitted while a module- or session-wide fixture that asks for the cluster sets up
+    belong to it."""
+    wide = fixturedef.scope != "function" and "slurm_cluster" in fixturedef.argnames
     cluster = request.getfixturevalue("slurm_cluster") if wide else None
     dirs = _session_dirs(request) if cluster else ("", "")
     before = _queued(cluster, dirs) if cluster else set()
