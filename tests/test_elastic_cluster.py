@@ -139,13 +139,14 @@ def test_a_lost_node_is_replaced_by_the_spare_in_place_and_the_run_ends_bitwise(
     killed = time.time()
     wait_logged(job, "resumed from ", 120)
     back = time.time() - killed
+    # How soon is the benchmark's to measure (benchmarks/elastic_recovery.py); here, that it was in
+    # place (Restarts 0) and bitwise. A clock would also measure the machine's load.
     print(f"node lost -> training resumed in place: {back:.1f} s")
     end = job.wait_end(timeout=300)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
     assert_bitwise(logs, reference_digest)
     assert "the work is done: the other nodes finished it (elastic" in job.batch_log
-    assert back < 60, back
 
 
 def test_with_two_spares_two_nodes_lost_in_a_row_are_replaced_and_the_run_ends_bitwise(
@@ -330,7 +331,6 @@ def test_a_machine_gone_silent_is_left_behind_in_place_without_a_spare(slurm_clu
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
     assert "[0/4] resumed from " in logs, logs  # four ranks on the two nodes left
     assert "[0/4] RESULT " in logs, logs
-    assert back < 60, back
 
 
 @NEWER_SLURM

@@ -112,12 +112,16 @@ def test_lightning_runs_under_local_as_under_srun(tmp_path):
 TRAIN = str(ROOT / "examples" / "resumable_train.py")
 
 
-def local_train(tmp_path, name: str, *options: str, nodes: int = 2, steps: int = 200,
+def local_train(tmp_path, name: str, *options: str, tasks: int = 2, steps: int = 200,
                 step_time: float = 0.0) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """`slurmddp submit --local --follow` of the resumable example; (result, the lines of its
-    batch log and its ranks' logs)."""
-    r = slurmddp("submit", "--local", "--follow", "--json", "--nodes", str(nodes),
-                 "--ntasks-per-node", "2", "--output", name, *options, TRAIN,
+    """`slurmddp submit --local --follow` of the resumable example on one emulated node of
+    `tasks` ranks; (result, the lines of its batch log and its ranks' logs).
+
+    One node: every emulated node is this machine, and the stand-in srun starts a node's tasks as
+    another's (their variables: the tests above), so 2 DDP ranks prove the resume as 2 nodes x 2
+    did, for half the rank processes (each imports torch). The cluster tests run 2 x 2."""
+    r = slurmddp("submit", "--local", "--follow", "--json", "--nodes", "1",
+                 "--ntasks-per-node", str(tasks), "--output", name, *options, TRAIN,
                  "--steps", str(steps), "--checkpoint-dir", str(tmp_path / "ckpt" / name),
                  "--step-time", str(step_time), "--log-every", "1000",
                  cwd=tmp_path, state=tmp_path / "state", timeout=300)  # fmt: skip
@@ -139,7 +143,11 @@ def digests(lines: list[str]) -> set[str]:
 def test_local_emulation_is_preempted_twice_and_ends_bitwise_identical(tmp_path):
     ref, ref_lines = local_train(tmp_path, "reference")
     assert ref.returncode == 0, ref.stdout + ref.stderr
-    # The signal comes 4 s into each of the first two runs (start-up takes about 3 s here).
+    # Twice, though the cluster tests prove two preemptions in a row: only a second one shows the
+    # emulation's restart counter past 1 (requeued 2 of 3) and its signal of each run.
+    # The signal comes 4 s into each of the first two runs (start-up takes about 3 s here). The
+    # 200 steps sleep 6 s: the first stop comes before the last step whatever the load, the second
+    # too while the two runs' start-ups (longer on a slow machine) take over 2 s together.
     r, lines = local_train(tmp_path, "preempted", "--local-signal-after", "4,4", step_time=0.03)
     assert r.returncode == 0, r.stdout + r.stderr
     text = "\n".join(lines)
@@ -153,20 +161,21 @@ def test_local_emulation_is_preempted_twice_and_ends_bitwise_identical(tmp_path)
 
 @pytest.mark.ranks
 def test_resume_at_another_world_size_continues_at_the_same_global_sample(tmp_path):
-    # 4 ranks, stopped once with no requeue allowed: the checkpoint is taken, the job ends 75.
+    # 2 ranks, stopped once with no requeue allowed: the checkpoint is taken, the job ends 75.
     r, lines = local_train(tmp_path, "w", "--max-requeues", "0", "--local-signal-after", "4",
                            step_time=0.03)  # fmt: skip
     assert r.returncode == 75, r.stdout + r.stderr
     text = "\n".join(lines)
     assert "the limit of 0 requeues (--max-requeues) is reached" in text
     epoch, sample = re.search(r"stopped at step \d+ \(epoch (\d+), sample (\d+)\)", text).groups()
-    # The same checkpoint directory, now 2 ranks.
-    r, lines = local_train(tmp_path, "w", nodes=1)
+    # The same checkpoint directory, now 1 rank; with one thread, not a lone rank's default of
+    # the node's CPUs (slurmddp.rank.placement), whose idle threads spin, costing CPU, each step.
+    r, lines = local_train(tmp_path, "w", "--env", "OMP_NUM_THREADS=1", tasks=1)
     assert r.returncode == 0, r.stdout + r.stderr
     resumed = re.search(r"resumed from \S+ at step \d+ \(epoch (\d+), sample (\d+)\)",
                         "\n".join(lines))  # fmt: skip
     assert resumed and resumed.groups() == (epoch, sample)
-    assert {x["world_size"] for x in tagged_json("\n".join(lines), "RESULT ")} == {2}
+    assert {x["world_size"] for x in tagged_json("\n".join(lines), "RESULT ")} == {1}
 
 
 # ---- the batch script's own behaviour, without Slurm: each row of docs/behaviour/local.md ----
@@ -188,13 +197,11 @@ def local_job(tmp_path, *argv: str, timeout: float = 240) -> tuple[subprocess.Co
 @pytest.mark.ranks
 def test_local_hang_is_judged_by_the_watchdog_and_names_the_rank(tmp_path):
     # The issue's case: a rank asleep in the loop, --hang-timeout 15 (it was never judged).
-    started = time.monotonic()
     r, job, text = local_job(tmp_path, "--nodes", "1", "--ntasks-per-node", "2",
                              "--hang-timeout", "15", str(PROGRAMS / "hang.py"), "sleep",
                              "--rank", "1", "--at", "5", "--checkpoints",
                              str(tmp_path / "ckpt"))  # fmt: skip
     assert r.returncode == 124, r.stdout + r.stderr + text  # the hang watchdog's status
-    assert time.monotonic() - started < 90
     assert "rank 1 on localhost stopped progressing" in text
     assert "the hang watchdog judged the run hung (above: which ranks); not requeued" in text
     assert "rank 1 on localhost" in (tmp_path / "jobs" / job / "hang" / "report.txt").read_text()
@@ -215,10 +222,13 @@ def test_local_failure_summary_names_the_rank_that_failed_first(tmp_path):
 def test_local_time_limit_warning_is_the_time_limit_to_the_decision(tmp_path):
     # --time 1 and a 50 s lead: the warning comes about 10 s in, and the decision, reading the
     # stand-in scontrol's TimeLimit and RunTime, calls it the time limit; no requeue is allowed.
-    r, _, text = local_job(tmp_path, "--nodes", "1", "--ntasks-per-node", "2", "--time", "1",
-                           "--signal-lead", "50", "--max-requeues", "0", TRAIN, "--steps",
-                           "100000", "--checkpoint-dir", str(tmp_path / "ckpt"), "--step-time",
-                           "0.05", "--log-every", "1000")  # fmt: skip
+    # One rank: the decision's words do not depend on how many; one thread, as in
+    # test_resume_at_another_world_size_continues_at_the_same_global_sample.
+    r, _, text = local_job(tmp_path, "--nodes", "1", "--ntasks-per-node", "1", "--env",
+                           "OMP_NUM_THREADS=1", "--time", "1", "--signal-lead", "50",
+                           "--max-requeues", "0", TRAIN, "--steps", "100000", "--checkpoint-dir",
+                           str(tmp_path / "ckpt"), "--step-time", "0.05", "--log-every",
+                           "1000")  # fmt: skip
     assert r.returncode == 75, r.stdout + r.stderr + text
     assert ("stopped (time limit, USR2) at restart 0 after its checkpoint: not requeued, the "
             "limit of 0 requeues (--max-requeues) is reached") in text
@@ -226,12 +236,14 @@ def test_local_time_limit_warning_is_the_time_limit_to_the_decision(tmp_path):
 
 @pytest.mark.ranks
 def test_local_torchrun_with_preflight_runs_the_same_steps(tmp_path):
+    # 2 nodes: two agents meet, the first node's hosting the store, though every node is
+    # localhost (slurmddp.rank.agent.hosts_store); one worker each: how many is torchrun's part.
     r, job, text = local_job(tmp_path, "--launcher", "torchrun", "--preflight", "--nodes", "2",
-                             "--ntasks-per-node", "2", str(ROOT / "examples" / "ddp_train.py"),
+                             "--ntasks-per-node", "1", str(ROOT / "examples" / "ddp_train.py"),
                              "--steps", "5")  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr + text
     assert "slurmddp: preflight passed" in text
-    assert "trained 5 steps on 4 ranks" in (tmp_path / "jobs" / job / "node-0.log").read_text()
+    assert "trained 5 steps on 2 ranks" in (tmp_path / "jobs" / job / "node-0.log").read_text()
 
 
 PROBE = """\

@@ -937,35 +937,55 @@ def test_every_rank_loads_the_same_checkpoint_after_an_async_save(tmp_path):
     assert results == [{"step": 200, "w": [200.0, 200.0]}] * 2
 
 
-@pytest.mark.parametrize("what", ["sync", "async", "sharded", "load"])
-@pytest.mark.ranks
-def test_a_save_or_load_longer_than_the_collective_timeout_completes(tmp_path, what):
+# Each case in a directory of its own, its patch undone after it: the cases share one world,
+# whose start (two interpreters importing torch) costs more than all four cases.
+SLOW_CASES = """
+def slowed(module, name, seconds, case):
+    original = getattr(module, name)
+    slow_on_rank_0(module, name, seconds)
+    try:
+        return case(f"{D}/{case.__name__}")
+    finally:
+        setattr(module, name, original)
+
+def sync(d):
+    Checkpointer(d).save(1, {"w": torch.ones(2)})
+    return Checkpointer(d).latest_step
+
+def async_(d):
+    c = Checkpointer(d, async_save=True)
+    c.save(1, {"w": torch.ones(2)})
+    c.wait()
+    return c.latest_step
+
+def sharded(d):
+    c = Checkpointer(d, sharded=True)
+    c.save(1, {"w": torch.ones(2) * rank})
+    return c.latest_step
+
+def load(d):
+    Checkpointer(d).save(1, {"w": torch.ones(2)})  # at its pace: only a load calls load_state
+    return Checkpointer(d).load_latest().step
+
+out = {
+    "sync": slowed(writers, "write_state", 5, sync),
+    "async": slowed(writers, "write_state", 5, async_),
+    "sharded": slowed(writers, "fsync_and_hash", 2.5, sharded),  # once per file: two or more
+    "load": slowed(states, "load_state", 5, load),
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_rank_0(tmp_path_factory) -> list[dict]:
     # The process group's collectives time out after 2 s; rank 0's file system work takes 5 s
     # more, while rank 1 waits for it.
-    code = {
-        "sync": """
-            slow_on_rank_0(writers, "write_state", 5)
-            Checkpointer(D).save(1, {"w": torch.ones(2)})
-            out = {"latest": Checkpointer(D).latest_step}
-            """,
-        "async": """
-            slow_on_rank_0(writers, "write_state", 5)
-            c = Checkpointer(D, async_save=True)
-            c.save(1, {"w": torch.ones(2)})
-            c.wait()
-            out = {"latest": c.latest_step}
-            """,
-        "sharded": """
-            slow_on_rank_0(writers, "fsync_and_hash", 2.5)  # once per file: two files or more
-            c = Checkpointer(D, sharded=True)
-            c.save(1, {"w": torch.ones(2) * rank})
-            out = {"latest": c.latest_step}
-            """,
-        "load": """
-            Checkpointer(D).save(1, {"w": torch.ones(2)})
-            slow_on_rank_0(states, "load_state", 5)
-            out = {"latest": Checkpointer(D).load_latest().step}
-            """,
-    }[what]
-    results = run_ranks(code, tmp_path, prelude=SLURMDDP_PRELUDE, PG_TIMEOUT="2")
-    assert results == [{"latest": 1}] * 2
+    return run_ranks(SLOW_CASES, tmp_path_factory.mktemp("slow"), prelude=SLURMDDP_PRELUDE,
+                     PG_TIMEOUT="2")  # fmt: skip
+
+
+@pytest.mark.parametrize("what", ["sync", "async", "sharded", "load"])
+@pytest.mark.ranks
+@pytest.mark.floor
+def test_a_save_or_load_longer_than_the_collective_timeout_completes(slow_rank_0, what):
+    assert [out[what] for out in slow_rank_0] == [1, 1]  # the latest step, on both ranks

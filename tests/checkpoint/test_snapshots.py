@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -432,10 +433,34 @@ def uninterrupted(tmp_path_factory) -> str:
     return digests.pop()
 
 
-@pytest.mark.ranks
-def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninterrupted):
-    ended, _ = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--crash-at", "10")
+# A world killed at step 10 leaves the same state for every test that starts it with the same
+# arguments: it runs once, and each such test acts on its own copy (the state names no path of
+# its own: the stores and checkpoints are found from the directories the ranks are given).
+def killed_world(tmp_path_factory, *args: str) -> Path:
+    work = tmp_path_factory.mktemp("killed")
+    ended, _ = run_world(work, TWO_NODES, *args, "--crash-at", "10")
     assert ended == []
+    return work
+
+
+def copy_into(tmp_path: Path, work: Path) -> None:
+    shutil.copytree(work, tmp_path, symlinks=True, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def killed_snapshotting(tmp_path_factory) -> Path:
+    return killed_world(tmp_path_factory, "--snapshot-every", "1")
+
+
+@pytest.fixture(scope="module")
+def killed_snapshotting_and_saving(tmp_path_factory) -> Path:
+    return killed_world(tmp_path_factory, "--snapshot-every", "1", "--save-every", "4")
+
+
+@pytest.mark.ranks
+def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninterrupted,
+                                                                 killed_snapshotting):  # fmt: skip
+    copy_into(tmp_path, killed_snapshotting)
     results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1")
     # Killed right after step 10's snapshot began: it, or step 9's, is complete.
     assert {r["start"] for r in results} in ({10}, {9}), results
@@ -445,9 +470,10 @@ def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninte
 
 
 @pytest.mark.ranks
+@pytest.mark.floor
 def test_a_lost_nodes_shards_come_from_their_replicas_to_the_spare_bitwise(
-        tmp_path, uninterrupted):  # fmt: skip
-    run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--crash-at", "10")
+        tmp_path, uninterrupted, killed_snapshotting):  # fmt: skip
+    copy_into(tmp_path, killed_snapshotting)
     subprocess.run(["rm", "-r", node_store(tmp_path, "n2")], check=True)  # lost with its node
     results, said = run_world(tmp_path, ["n1", "n1", "n3", "n3"], "--snapshot-every", "1")
     assert {r["start"] for r in results} in ({10}, {9}), results
@@ -457,10 +483,10 @@ def test_a_lost_nodes_shards_come_from_their_replicas_to_the_spare_bitwise(
 
 
 @pytest.mark.ranks
-def test_without_a_complete_snapshot_the_durable_checkpoint_is_used(tmp_path, uninterrupted):
-    # One rank per node: with both nodes lost nothing of the snapshots is left.
-    run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4", "--crash-at",
-              "10")  # fmt: skip
+def test_without_a_complete_snapshot_the_durable_checkpoint_is_used(
+        tmp_path, uninterrupted, killed_snapshotting_and_saving):  # fmt: skip
+    # With both nodes lost nothing of the snapshots is left.
+    copy_into(tmp_path, killed_snapshotting_and_saving)
     for node in ("n1", "n2"):
         subprocess.run(["rm", "-r", node_store(tmp_path, node)], check=True)
     results, said = run_world(tmp_path, ["n3", "n3", "n4", "n4"], "--snapshot-every", "1",
@@ -482,11 +508,11 @@ def test_a_failure_during_a_snapshot_leaves_the_one_before(tmp_path, uninterrupt
 
 
 @pytest.mark.ranks
-def test_a_requeued_run_finds_no_snapshot_and_says_so(tmp_path, uninterrupted):
+def test_a_requeued_run_finds_no_snapshot_and_says_so(tmp_path, uninterrupted,
+                                                       killed_snapshotting_and_saving):  # fmt: skip
     # A requeue is a new run of the job (SLURM_RESTART_COUNT): the run before's snapshots stay
     # with it (here its stores are on the same nodes, and are removed as stale).
-    run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4", "--crash-at",
-              "10")  # fmt: skip
+    copy_into(tmp_path, killed_snapshotting_and_saving)
     results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4",
                               SLURM_RESTART_COUNT="1")  # fmt: skip
     assert {r["start"] for r in results} == {8}, results

@@ -92,20 +92,22 @@ def test_submit_path_never_imports_torch(argv, tmp_path):
 @pytest.mark.ranks
 def test_local_runs_the_training_and_status_reports_it(tmp_path):
     state = tmp_path / "state"
-    argv = ["--local", "--follow", "--json", "--nodes", "2", "--ntasks-per-node", "2", TRAIN]
+    # 2 nodes x 1 rank, half the rank processes of 2 x 2: rank 1 logs from the second node as
+    # rank 3 did; the log patterns of other shapes are test_emulation.py's (output_path).
+    argv = ["--local", "--follow", "--json", "--nodes", "2", "--ntasks-per-node", "1", TRAIN]
     r = slurmddp("submit", *argv, "--steps", "4", cwd=tmp_path, state=state)
     assert r.returncode == 0, r.stdout + r.stderr
     first = json.loads(r.stdout.splitlines()[0])
     assert first["engine"] == "local"
     assert "[slurmddp] job" in r.stdout and "COMPLETED" in r.stdout
-    logs = [Path(first["logs"].replace("<rank>", str(rank))).read_text() for rank in range(4)]
+    logs = [Path(first["logs"].replace("<rank>", str(rank))).read_text() for rank in range(2)]
     results = [x for text in logs for x in tagged_json(text, "RESULT ")]
-    assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
+    assert sorted(x["rank"] for x in results) == [0, 1]
     assert len({x["digest"] for x in results}) == 1
     status = slurmddp("status", first["job_id"], cwd=tmp_path, state=state)
     assert "COMPLETED" in status.stdout
-    logs = slurmddp("logs", first["job_id"], "--rank", "3", cwd=tmp_path, state=state)
-    assert '"rank": 3' in logs.stdout
+    logs = slurmddp("logs", first["job_id"], "--rank", "1", cwd=tmp_path, state=state)
+    assert '"rank": 1' in logs.stdout
 
 
 def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PROGRAMS, free_port, launcher_free_env, tagged_json
 from tests.preemption.test_preemption_cluster import Job
 
@@ -53,20 +55,41 @@ def faulted(script: str, out_flag: str, out: Path, steps: int, *more: str, ranks
     return sorted(tagged_json(r.stdout, "RESULT "), key=lambda x: x["rank"]), r.stderr
 
 
-def through_a_stuck_fork(script: str, out_flag: str, tmp_path: Path) -> None:
-    """A framework's example, started as a script under torchrun is (no slurmddp.run), with 2
-    DataLoader workers augmenting at random, whose first fork never returns (CPython's gh-112275
-    on a loaded Python 3.10.13: faults.py's STUCK_FORK), before the first step asks should_stop:
-    the worker is killed and forked again, and the run ends as an uninterrupted one does."""
-    more = ("--workers", "2", "--augment")
-    reference, _ = faulted(script, out_flag, tmp_path / "reference", 20, *more)
+class Uninterrupted:
+    """A framework's example run uninterrupted through `faulted` (no fault), once per module for
+    each set of steps, options and ranks, for every test that compares a run to it: the same
+    program, options, ranks and environment, only the output directory differs (each a folder of
+    `tmp_path_factory`'s). Each start of an example costs seconds of CPU (imports)."""
+
+    def __init__(self, script: str, out_flag: str, tmp_path_factory: pytest.TempPathFactory):
+        self.script, self.out_flag, self._tmp = script, out_flag, tmp_path_factory
+        self._runs: dict[tuple, list[dict]] = {}
+
+    def __call__(self, steps: int, *more: str, ranks: int = 1) -> list[dict]:
+        key = (steps, more, ranks)
+        if key not in self._runs:
+            out = self._tmp.mktemp("uninterrupted") / "out"
+            self._runs[key] = faulted(self.script, self.out_flag, out, steps, *more,
+                                      ranks=ranks)[0]  # fmt: skip
+        return self._runs[key]
+
+
+def through_a_stuck_fork(uninterrupted: Uninterrupted, tmp_path: Path, steps: int,
+                         *more: str) -> None:  # fmt: skip
+    """A framework's example, started as a script under torchrun is (no slurmddp.run), with
+    `more` (2 DataLoader workers augmenting at random among them), whose first fork never returns
+    (CPython's gh-112275 on a loaded Python 3.10.13: faults.py's STUCK_FORK), before the first
+    step asks should_stop: the worker is killed and forked again, and the run ends as an
+    uninterrupted one does (`uninterrupted`'s, shared with the module's other tests)."""
+    script, out_flag = uninterrupted.script, uninterrupted.out_flag
     flag = tmp_path / "stuck"
     # Unshielded, the loader waits for that worker forever.
-    results, stderr = faulted(script, out_flag, tmp_path / "stuck-run", 20, *more, timeout=240,
+    results, stderr = faulted(script, out_flag, tmp_path / "stuck-run", steps, *more, timeout=240,
                               STUCK_FORK=str(flag))  # fmt: skip
     stuck = flag.read_text()
     assert f"a DataLoader worker (pid {stuck}) was stuck in its fork for 2 s; it was killed and " \
            "forked again" in stderr, stderr[-3000:]  # fmt: skip
+    reference = uninterrupted(steps, *more)
     assert len(reference) == 1 and results == reference
 
 
@@ -77,31 +100,34 @@ def resumed_from_snapshot(stderr: str) -> int:
     return int(found[0])
 
 
-def killed_then_resumed(script: str, out_flag: str, tmp_path: Path, ranks: int,
+def killed_then_resumed(uninterrupted: Uninterrupted, tmp_path: Path, ranks: int, steps: int,
                         *more: str) -> tuple[list[dict], list[dict], int]:  # fmt: skip
-    """A framework's example (40 steps; `more`: its options) uninterrupted, and with a snapshot
-    every step (no budget: on a loaded machine it spaces them wider, to before the first epoch's
-    end at 4 ranks) and rank 1 (alone: 0) killed at step 24: at 4 ranks torchrun restarts them
-    all, alone it is run again. Each run's RESULT lines, and the step the killed run resumed at
-    from a snapshot. Nothing durable is written before."""
+    """A framework's example (`steps` steps; `more`: its options) uninterrupted (`uninterrupted`'s
+    run, shared with the module's other tests), and with a snapshot every step (no budget: on a
+    loaded machine it spaces them wider, to before the first epoch's end at 4 ranks) and rank 1
+    (alone: 0) killed at step 24: at 4 ranks torchrun restarts them all, alone it is run again.
+    Each run's RESULT lines, and the step the killed run resumed at from a snapshot. Nothing
+    durable is written before."""
+    script, out_flag = uninterrupted.script, uninterrupted.out_flag
     shm = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path / "shm")}
     every = ("--snapshot-every", "1", "--snapshot-budget", "none")
     out = tmp_path / "killed"
-    reference, _ = faulted(script, out_flag, tmp_path / "reference", 40, *more, ranks=ranks)
-    killed = faulted(script, out_flag, out, 40, *every, *more, ranks=ranks, CRASH_AT="24",
+    killed = faulted(script, out_flag, out, steps, *every, *more, ranks=ranks, CRASH_AT="24",
                      CRASH_RANK="1" if ranks > 1 else "0", **shm)  # fmt: skip
     if ranks == 1:
         assert killed[0] == []
-        killed = faulted(script, out_flag, out, 40, *every, *more, **shm)
+        killed = faulted(script, out_flag, out, steps, *every, *more, **shm)
     assert not list(out.glob("*step-*")) and not list(out.glob("checkpoint-*"))
-    return reference, killed[0], resumed_from_snapshot(killed[1])
+    return uninterrupted(steps, *more, ranks=ranks), killed[0], resumed_from_snapshot(killed[1])
 
 
-def stopped_then_resumed(script: str, out_flag: str, out: Path, steps: int, stop_at: int,
+def stopped_then_resumed(uninterrupted: Uninterrupted, out: Path, steps: int, stop_at: int,
                          *more: str, **env: str) -> list[dict]:  # fmt: skip
-    """The example stopped at `stop_at` (saving its checkpoint), then run again to its end."""
-    assert run_locally(script, out_flag, out, steps, stop_at, *more, **env) == []
-    return run_locally(script, out_flag, out, steps, None, *more, **env)
+    """The example stopped at `stop_at` (saving its checkpoint), then run again to its end, as
+    `uninterrupted` runs it (with `env` besides)."""
+    script, out_flag = uninterrupted.script, uninterrupted.out_flag
+    assert faulted(script, out_flag, out, steps, *more, STOP_AT=str(stop_at), **env)[0] == []
+    return faulted(script, out_flag, out, steps, *more, **env)[0]
 
 
 def args(script: str, out: Path, out_flag: str, steps: int, step_time: float,

@@ -10,10 +10,9 @@ import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
 from tests.integrations.preempted import (
-    SIGNALLING,
+    Uninterrupted,
     killed_then_resumed,
     preempted_once,
-    run_locally,
     stopped_then_resumed,
     through_a_stuck_fork,
 )
@@ -21,6 +20,14 @@ from tests.integrations.preempted import (
 pytest.importorskip("transformers")
 
 SCRIPT = str(ROOT / "examples" / "hf_trainer.py")
+# As users train: GPT-2's own dropout, a token in eight replaced at random as each sample is read,
+# 2 worker processes (issue 28).
+AS_USERS_TRAIN = ("--augment", "--workers", "2")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Uninterrupted:
+    return Uninterrupted(SCRIPT, "--output-dir", tmp_path_factory)
 
 
 def test_importing_slurmddp_does_not_import_a_framework():
@@ -39,36 +46,39 @@ def test_an_uninterrupted_run_ends_at_its_last_step(tmp_path):
     assert [x["steps"] for x in tagged_json(r.stdout, "RESULT ")] == [5]
 
 
+# This test, the stuck fork's and the killed Trainer's alone compare to one uninterrupted run
+# (1 rank, 100 steps, 64 an epoch, as users train): each start of the example costs seconds of CPU.
 @pytest.mark.ranks
+@pytest.mark.floor
 def test_random_augmentation_in_workers_resumes_bitwise_and_without_the_seeding_does_not(
-    tmp_path,
-):
-    # Issue 28: GPT-2's own dropout, a token in eight replaced at random as each sample is read,
-    # 2 worker processes; stopped in the second epoch (64 steps an epoch).
-    more = ("--augment", "--workers", "2")
-    reference = run_locally(SCRIPT, "--output-dir", tmp_path / "ref", 100, None, *more)
-    assert stopped_then_resumed(SCRIPT, "--output-dir", tmp_path / "a", 100, 90,
-                                *more) == reference  # fmt: skip
+        tmp_path, uninterrupted):  # fmt: skip
+    # Issue 28: stopped in the second epoch.
+    more = AS_USERS_TRAIN
+    reference = uninterrupted(100, *more)
+    assert stopped_then_resumed(uninterrupted, tmp_path / "a", 100, 90, *more) == reference
     # The control: torch's own seeding (the Trainer restores the generators, but the workers'
     # seeds came from where the resumed run's generator stood as the loader started).
-    assert stopped_then_resumed(SCRIPT, "--output-dir", tmp_path / "b", 100, 90, *more,
+    assert stopped_then_resumed(uninterrupted, tmp_path / "b", 100, 90, *more,
                                 SLURMDDP_EXACT_DATA="0") != reference  # fmt: skip
 
 
 @pytest.mark.ranks
-def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(tmp_path):
-    through_a_stuck_fork(SCRIPT, "--output-dir", tmp_path)
+def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(
+        tmp_path, uninterrupted):  # fmt: skip
+    through_a_stuck_fork(uninterrupted, tmp_path, 100, *AS_USERS_TRAIN)
 
 
 # Issue 30: snapshots every step of what the Trainer's checkpoint
 # holds; a rank killed (SIGKILL, nothing durable written) resumes from the newest snapshot,
 # written out as the Trainer's checkpoint files, and ends bitwise: alone, and at 4 ranks
 # (torchrun restarts all of them) past the first epoch (16 steps at 4 ranks), as users train.
+# Alone it runs the 100 steps of the uninterrupted run the tests above share (on past an epoch).
 @pytest.mark.parametrize("ranks", [1, 4])
 @pytest.mark.ranks
-def test_a_killed_trainer_resumes_from_its_snapshot_bitwise(tmp_path, ranks):
-    reference, resumed, at = killed_then_resumed(SCRIPT, "--output-dir", tmp_path, ranks,
-                                                 "--augment", "--workers", "2")  # fmt: skip
+def test_a_killed_trainer_resumes_from_its_snapshot_bitwise(tmp_path, uninterrupted, ranks):
+    reference, resumed, at = killed_then_resumed(uninterrupted, tmp_path, ranks,
+                                                 100 if ranks == 1 else 40,
+                                                 *AS_USERS_TRAIN)  # fmt: skip
     assert 22 <= at <= 24, at  # the snapshot of 24, or one before if 24's was not complete
     assert len(resumed) == ranks and resumed == reference
     # The checkpoint files it was written out as went with the run.
@@ -98,12 +108,13 @@ def test_snapshot_options_are_checked_and_sharded_models_refused():
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize(("variant", "signal"), SIGNALLING)
+# Slurm's default signalling (TERM), as most centres run it: the Trainer handles no signal of its
+# own, so how slurmddp's stop comes (USR2 or TERM) is the plain loops' and Lightning's to show.
+@pytest.mark.parametrize(("variant", "signal"), [("default-signal", "TERM")])
 def test_a_preempted_trainer_resumes_at_its_stop_and_ends_bitwise_identical(slurm_cluster,
                                                                             tmp_path, variant,
                                                                             signal):  # fmt: skip
-    # Under Slurm's default signalling, also as users train: random augmentation in workers.
-    more = ("--augment", "--workers", "2") if variant == "default-signal" else ()
+    more = ("--augment", "--workers", "2")  # as users train: random augmentation in workers
     with slurm_cluster.variant(variant):
         preempted_once(slurm_cluster, tmp_path, SCRIPT, "--output-dir", signal=signal, more=more)
     out = tmp_path / "out"

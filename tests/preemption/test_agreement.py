@@ -38,7 +38,7 @@ def test_the_collective_gap_follows_the_pace_and_at_most_doubles(previous, secon
 
 # Each rank runs `steps`: a list of (number of steps, seconds per step) per rank, signalled at
 # `signal_at` (rank, step). It prints the step it stopped at, the agreement's way and how many
-# all_reduce calls it made, and how long after the signal it stopped.
+# all_reduce calls it made.
 PROGRAM = """
     import json, os, signal, sys, time, slurmddp
     import torch.distributed as td
@@ -52,20 +52,18 @@ PROGRAM = """
         return reduce(*args, **kwargs)
     td.all_reduce = counting
     paces = [p for n, p in spec["paces"][d.rank] for _ in range(n)]
-    stop, signalled, step = None, None, 0
+    stop, step = None, 0
     for step, pace in enumerate(paces, 1):
         time.sleep(pace)
         if [d.rank, step] in spec["signal_at"]:
             os.kill(os.getpid(), getattr(signal, spec.get("signal", "SIGUSR2")))
             time.sleep(0.05)  # delivered through another thread: a moment later
-            signalled = time.monotonic()
         if slurmddp.should_stop(**spec.get("kwargs", {})):
             stop = step
             break
-    after = None if signalled is None else round(time.monotonic() - signalled, 3)
     td.all_reduce = reduce
     print(json.dumps({"rank": d.rank, "stop": stop, "mode": state().agreement._mode,
-                      "reductions": reductions, "after": after}))
+                      "reductions": reductions}))
     td.barrier()
     td.destroy_process_group()  # gloo's teardown at interpreter exit can abort a finished rank
 """
@@ -96,8 +94,8 @@ def test_a_signal_stops_every_rank_within_two_steps_when_the_pace_slows_down():
     # by collectives paced at the fast steps would come ~1000 steps (5 minutes) later.
     results = run_ranks({"paces": [[[1200, 0.001], [40, 0.3]]] * 3, "signal_at": [[1, 1205]]})
     assert {r["mode"] for r in results} == {"store"}
+    # Counted in steps, the promise: a clock would measure the machine's load too.
     assert {r["stop"] for r in results} in ({1205}, {1206}, {1207}), results
-    assert results[1]["after"] <= 2 * 0.3 + 0.2, results
 
 
 @pytest.mark.ranks
@@ -108,6 +106,7 @@ def test_while_nothing_happens_the_ranks_do_not_communicate():
 
 
 @pytest.mark.ranks
+@pytest.mark.floor
 def test_ranks_that_drift_apart_still_stop_at_the_same_call():
     # No collective in the loop: rank 2 runs ten times slower than the others and is signalled.
     paces = [[[400, 0.002]], [[400, 0.002]], [[400, 0.02]]]
@@ -119,11 +118,12 @@ def test_ranks_that_drift_apart_still_stop_at_the_same_call():
 def test_a_term_on_one_rank_is_agreed_as_term():
     results = run_ranks({"paces": [[[200, 0.002]]] * 3, "signal_at": [[0, 50]],
                          "signal": "SIGTERM"})  # fmt: skip
+    # The same call on every rank (how soon is the store's and the collectives' tests' to say, in
+    # steps: a clock here would measure the machine's load).
     assert len({r["stop"] for r in results}) == 1 and results[0]["stop"] is not None, results
-    assert results[0]["after"] < 0.5, results  # the others, not held back, ran ahead meanwhile
 
 
-@pytest.mark.parametrize("every", [1, 4])
+@pytest.mark.parametrize("every", [pytest.param(1, marks=pytest.mark.floor), 4])
 @pytest.mark.ranks
 def test_every_n_calls_agree_by_collectives_at_exactly_those_calls(every):
     results = run_ranks({"paces": [[[60, 0.001]]] * 3, "signal_at": [[1, 7]],

@@ -114,12 +114,17 @@ VARIANTS = {
 DECOYS = "Requeue=0 Restarts=9 JobState=COMPLETED"
 
 
-# Our cluster's signalling and Slurm's default run on Slurm 24.11 and 26.05 too (scripts/test).
+# Our cluster's signalling and Slurm's default are preempted twice, on Slurm 24.11 and 26.05 too
+# (scripts/test): a resumed run is preempted again as the first was. The other variants change how
+# the first stop comes (who signals, whether Slurm cancels or requeues): preempted once, on 22.05.
+TWICE = ("standard", "default-signal")
+
+
 @pytest.mark.parametrize("variant", [
-    pytest.param(v, marks=[EVERY_SLURM] if v in ("standard", "default-signal") else [])
-    for v in VARIANTS])  # fmt: skip
-def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path, variant,
-                                                            reference_digest):  # fmt: skip
+    pytest.param(v, marks=[EVERY_SLURM] if v in TWICE else []) for v in VARIANTS])  # fmt: skip
+def test_preempted_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path, variant,
+                                                      reference_digest):  # fmt: skip
+    times = 2 if variant in TWICE else 1
     with slurm_cluster.variant(variant):
         job = Job(slurm_cluster, tmp_path, ["--job-name", f"resumable {DECOYS}", "--sbatch-arg",
                                             f"--comment=c {DECOYS}",
@@ -127,34 +132,35 @@ def test_preempted_twice_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_p
                                                         step_time=0.03)])  # fmt: skip
         job.wait_for_log(r"step 60 ")
         job.preempt()
-        job.wait_for_log(r"resumed from \S+ at step \d+")
-        job.wait_for_log(r"step 1[2-9]0 |step 2\d0 ")
-        job.preempt()
+        if times == 2:
+            job.wait_for_log(r"resumed from \S+ at step \d+")
+            job.wait_for_log(r"step 1[2-9]0 |step 2\d0 ")
+            job.preempt()
         end = job.wait_end()
 
     log = job.log()
-    print(f"{variant}: uninterrupted: {reference_digest}\npreempted x2:  "
+    print(f"{variant}: uninterrupted: {reference_digest}\npreempted x{times}:  "
           f"{ {x['digest'] for x in job.results()} }")  # fmt: skip
     assert end["JobState"] == "COMPLETED", job.batch_log
-    if int(end["Restarts"]) == 3 and slurm_cluster.version == "24.11":
+    if int(end["Restarts"]) == times + 1 and slurm_cluster.version == "24.11":
         # Slurm 24.11 may requeue once more a preempted job the batch shell requeued
         # (docs/behaviour/versions.md): that run finds the work done and ends before its step.
         assert job.batch_log.endswith("finished its work in an earlier run: not run again\n"), (
             job.batch_log)
     else:
-        assert int(end["Restarts"]) == 2, job.batch_log
+        assert int(end["Restarts"]) == times, job.batch_log
     stops = [int(s) for s in re.findall(r"stopped at step (\d+)", log)]
     resumes = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
-    assert len(stops) == 2 and resumes == stops, log  # each run went on where the last stopped
+    assert len(stops) == times and resumes == stops, log  # each run went on where the last stopped
     assert all(0 < s < 300 for s in stops)
     results = job.results()
     assert sorted(x["rank"] for x in results) == [0, 1, 2, 3]
     assert {x["digest"] for x in results} == {reference_digest}
-    assert {x["restart"] for x in results} == {2}
+    assert {x["restart"] for x in results} == {times}
     batch = job.batch_log
-    for restart in (0, 1):
+    for restart in range(times):
         assert re.search(VARIANTS[variant].format(r=restart, n=restart + 1), batch), batch
-    assert "(restart 2)" in batch and "never called slurmddp.should_stop()" not in batch
+    assert f"(restart {times})" in batch and "never called slurmddp.should_stop()" not in batch
 
 
 @EVERY_SLURM
@@ -402,7 +408,6 @@ def test_scancel_cuts_a_save_longer_than_killwait_and_keeps_the_last_checkpoint(
     assert "TERM received" in job.log() and "stopped at step" not in job.log(), job.log()
     latest = (tmp_path / "ckpt" / "latest").read_text().strip()
     assert latest.startswith("step-") and int(latest[5:]) % 20 == 0  # the last periodic one
-    assert took < 30
 
 
 def test_scancel_b_usr2_stops_with_all_the_time_the_save_needs(slurm_cluster, tmp_path):

@@ -42,7 +42,8 @@ DATALOADER = """
 """
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.floor),
+                                    "forkserver", "fork"])
 @pytest.mark.ranks
 def test_dataloader_workers_outlive_slurms_signals_until_the_rank_stops(tmp_path, method):
     script = tmp_path / "train.py"

@@ -131,7 +131,7 @@ def test_empty_log_directories_are_removed_and_logs_kept(tmp_path):
 
 
 @pytest.mark.parametrize(("options", "left"), [
-    ((), []),
+    pytest.param((), [], marks=pytest.mark.floor),
     (("--redirects", "2"), ["stderr.log", "stderr.log"]),  # the workers' output: the user's
     (("--log-dir", "{mine}", "--redirects", "2"), []),  # their own directory: left as it is
 ], ids=["plain", "redirects", "log-dir"])  # fmt: skip

@@ -93,7 +93,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
 
 @pytest.mark.parametrize(
     ("submitted", "call", "expected"),
-    [("gloo", "slurmddp.init()", "gloo"),
+    [pytest.param("gloo", "slurmddp.init()", "gloo", marks=pytest.mark.floor),
      ("mpi", "slurmddp.init()", "ERR this torch build has no MPI backend"),  # so it was read
      ("mpi", "slurmddp.init('gloo')", "gloo"),  # an explicit backend wins
      ("bogus", "slurmddp.init()", "ERR SLURMDDP_BACKEND='bogus' is not a backend: use one of "
@@ -157,13 +157,15 @@ def start_ranks(code: str, ranks: list[int], world: int, port: int, **env: str) 
 
 
 @pytest.mark.ranks
+@pytest.mark.floor
 def test_a_rank_that_never_joins_is_named_after_the_startup_timeout():
     port = free_port()
     # Rank 2 of 3 never comes; rank 1 waits on rank 0's store, rank 0 on both.
     outs = start_ranks(START, [0, 1], 3, port, SLURMDDP_STARTUP_TIMEOUT="3")
     first = outs[0]
     took = float(first.split()[0])
-    assert 3 <= took < 10, outs
+    # It waited the timeout, and not the default's 300 s: a bound no load can reach.
+    assert 3 <= took < 150, outs
     assert first.split(" ", 1)[1].startswith(
         f"only 2 of 3 ranks joined the rendezvous at 127.0.0.1:{port} within 3 s "
         "(SLURMDDP_STARTUP_TIMEOUT); missing: rank 2."
@@ -219,12 +221,14 @@ def test_a_rank_that_reaches_another_jobs_rendezvous_refuses_it():
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.2)
-        (out,) = start_ranks(START, [1], 2, port, SLURM_JOB_ID="12")
+        (out,) = start_ranks(START, [1], 2, port, SLURM_JOB_ID="12",
+                             SLURMDDP_STARTUP_TIMEOUT="60")  # fmt: skip
     finally:
         owner.kill()
         owner.communicate()
     took, message = out.split(" ", 1)
-    assert float(took) < 5, out
+    # At once, not at the timeout's end (as the taken port's test: half of it, not a speed).
+    assert float(took) < 30, out
     assert message.startswith(f"the rendezvous at 127.0.0.1:{port} belongs to another job (11): "
                               "this job's MASTER_PORT is taken there"), out  # fmt: skip
 
@@ -342,6 +346,7 @@ def test_under_torchruns_own_restarts_rank_0_says_once_they_will_fail(tmp_path):
 
 
 @pytest.mark.ranks
+@pytest.mark.floor
 def test_torchrun_with_a_store_per_round_restarts_a_crashed_worker(tmp_path):
     # What the warning advises for torchrun itself: the crashed worker's restart resumes.
     r = torchrun_restarting(tmp_path, CRASH_RANK="1", CRASH_AT="15",

@@ -36,13 +36,14 @@ def torchrun(tmp_path: Path, *args: str, timeout_s: float = TIMEOUT_S, **extra: 
 # A stopped rank is judged on the cluster (test_watchdog_cluster.py): torchrun waits 30 s before
 # it kills a stopped worker.
 @pytest.mark.parametrize("mode, suspect, why", [
-    ("sleep", 1, "it is not waiting for another rank: it is in "),
+    pytest.param("sleep", 1, "it is not waiting for another rank: it is in ",
+                 marks=pytest.mark.floor),
     ("startup", 1, "it is not waiting for another rank: it is in "),
 ])  # fmt: skip
 @pytest.mark.ranks
 def test_a_hung_rank_is_named_its_stacks_written_and_the_run_ended(tmp_path, mode, suspect, why):
     # torch's flight recorder (on by default in torch 2.13; set here all the same) is dumped too.
-    r, took = torchrun(tmp_path, mode, "--rank", str(suspect), "--at", "3",
+    r, _ = torchrun(tmp_path, mode, "--rank", str(suspect), "--at", "3",
                        TORCH_FR_BUFFER_SIZE="100")  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
@@ -57,8 +58,8 @@ def test_a_hung_rank_is_named_its_stacks_written_and_the_run_ended(tmp_path, mod
     assert 'hang.py", line' in stuck and '"waiting": null' in stuck
     assert '"last_enqueued_collective"' in (tmp_path / "hang" / "rank-0.flight-recorder.json"
                                             ).read_text()  # torch's flight recorder, under gloo
+    # The watchdog ended it (its status), not torchrun or the test's own timeout: no clock needed.
     assert "exitcode  : 124" in out  # HANG_STATUS
-    assert took < 60
 
 
 @pytest.mark.ranks
