@@ -196,7 +196,8 @@ def test_a_rank_that_never_joins_fails_the_others_after_the_startup_timeout(
     arrived = min(e["time"] for e in events(ranks, "arrived"))
     waited = ended_at(job, end) - arrived
     print(f"{case}: job {job['job_id']} ended {waited:.1f} s after the first rank arrived")
-    assert STARTUP_TIMEOUT_S - 1 <= waited < STARTUP_TIMEOUT_S + 20, batch
+    # It waited its timeout, not the default's 300 s: the upper margin is for the machine's load.
+    assert STARTUP_TIMEOUT_S - 1 <= waited < STARTUP_TIMEOUT_S + 120, batch
     assert "failed: StartupError: only 3 of 4 ranks joined the rendezvous at " in batch, batch
     assert f" within {STARTUP_TIMEOUT_S} s (SLURMDDP_STARTUP_TIMEOUT); " in batch, batch
     # Rank 0 alone asks the store who is missing (from every rank it would be N² requests).
