@@ -18,18 +18,21 @@ from benchmarks.cluster import cluster_env
 from benchmarks.table import Row, alternate, report
 
 PROGRAM = str(Path(__file__).resolve().parent / "programs" / "steps.py")
-SRUN = ["srun", "--kill-on-bad-exit=1", "-p", "debug", "-N2"]
+NODES, PER_NODE = 2, 2  # the benchmark's; the test takes a smaller step
 
 
-def _commands(steps: int, port: int) -> dict[str, list[str]]:
+def _commands(steps: int, port: int, nodes: int = NODES,
+              per_node: int = PER_NODE) -> dict[str, list[str]]:  # fmt: skip
     py, n = sys.executable, str(steps)
+    srun = ["srun", "--kill-on-bad-exit=1", "-p", "debug", f"-N{nodes}"]
     by_hand = (f"RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
                f"MASTER_ADDR=n1 MASTER_PORT={port} exec {py} {PROGRAM} --steps {n}")  # fmt: skip
     return {
-        "ours": [*SRUN, "--ntasks-per-node=2", py, "-m", "slurmddp.run", PROGRAM, "--steps", n],
-        "default": [*SRUN, "--ntasks-per-node=2", "bash", "-c", by_hand],
-        "torchrun": [*SRUN, "--ntasks-per-node=1", py, "-m", "torch.distributed.run",
-                     "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+        "ours": [*srun, f"--ntasks-per-node={per_node}", py, "-m", "slurmddp.run", PROGRAM,
+                 "--steps", n],
+        "default": [*srun, f"--ntasks-per-node={per_node}", "bash", "-c", by_hand],
+        "torchrun": [*srun, "--ntasks-per-node=1", py, "-m", "torch.distributed.run",
+                     f"--nnodes={nodes}", f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
                      f"--rdzv-endpoint=n1:{port + 1}", f"--rdzv-id=threads{port}", PROGRAM,
                      "--steps", n],
     }  # fmt: skip
@@ -42,12 +45,13 @@ def _steps_per_second(command: list[str], env: dict[str, str]) -> float:
     return float(done.stdout.split("STEPS_PER_S ", 1)[1].split()[0])
 
 
-def run(steps: int = 300, repeats: int = 3) -> list[Row]:
+def run(steps: int = 300, repeats: int = 3, nodes: int = NODES,
+        per_node: int = PER_NODE) -> list[Row]:  # fmt: skip
     env = {k: v for k, v in cluster_env().items() if k != "OMP_NUM_THREADS"}
-    commands = _commands(steps, 24000 + os.getpid() % 1000 * 2)
+    commands = _commands(steps, 24000 + os.getpid() % 1000 * 2, nodes, per_node)
     medians = alternate({name: (lambda c=c: _steps_per_second(c, env))
                          for name, c in commands.items()}, repeats)  # fmt: skip
-    metric = "steps/s, 2 nodes x 2 ranks under srun, no OMP_NUM_THREADS set"
+    metric = f"steps/s, {nodes} nodes x {per_node} ranks under srun, no OMP_NUM_THREADS set"
     return [
         Row("threads", metric, medians["ours"], medians["default"], "steps/s",
             "env:// by hand, torch's default threads", "> 1"),

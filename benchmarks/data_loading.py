@@ -26,7 +26,7 @@ SKIPPED = 40  # batches consumed before the resume
 STARTS = 10  # epochs started per measurement
 
 
-def _child(mode: str, batches: int) -> None:
+def _child(mode: str, batches: int, skipped: int = SKIPPED, starts: int = STARTS) -> None:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -55,9 +55,9 @@ def _child(mode: str, batches: int) -> None:
         small = DataLoader(list(range(256)), batch_size=8, num_workers=4,
                            multiprocessing_context="fork")  # fmt: skip
         start = time.perf_counter()
-        for _ in range(STARTS):
+        for _ in range(starts):
             next(iter(small))
-        print(json.dumps({"value": (time.perf_counter() - start) / STARTS}))
+        print(json.dumps({"value": (time.perf_counter() - start) / starts}))
         return
     loader = DataLoader(Images(), batch_size=32, shuffle=True, num_workers=2,
                         multiprocessing_context="fork")  # fmt: skip
@@ -71,37 +71,44 @@ def _child(mode: str, batches: int) -> None:
         return
     start = time.perf_counter()
     if mode == "resume-skip":
-        exact.load(loader, {"seed": 0, "epoch": 0, "consumed": SKIPPED})
+        exact.load(loader, {"seed": 0, "epoch": 0, "consumed": skipped})
         next(iter(loader))
     else:  # resume by iterating: the consumed batches fetched and dropped
         it = iter(loader)
-        for _ in range(SKIPPED + 1):
+        for _ in range(skipped + 1):
             next(it)
     print(json.dumps({"value": time.perf_counter() - start}))
 
 
-def _measure(mode: str, batches: int, exact_data: bool) -> float:
+def _measure(mode: str, batches: int, exact_data: bool, skipped: int = SKIPPED,
+             starts: int = STARTS) -> float:  # fmt: skip
     env = dict(os.environ, SLURMDDP_EXACT_DATA="1" if exact_data else "0", OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-m", "benchmarks.data_loading", "--child", mode,
-                           "--batches", str(batches)], env=env, capture_output=True, text=True,
+                           "--batches", str(batches), "--skipped", str(skipped), "--starts",
+                           str(starts)], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
     if done.returncode:
         raise RuntimeError(f"data_loading {mode} failed: {done.stderr[-2000:]}")
     return float(json.loads(done.stdout.strip().splitlines()[-1])["value"])
 
 
-def run(batches: int = 100, repeats: int = 3) -> list[Row]:
+def run(batches: int = 100, repeats: int = 3, skipped: int = SKIPPED,
+        starts: int = STARTS) -> list[Row]:  # fmt: skip
+    """The rows; `skipped`: the batches consumed before the resume, `starts`: the epochs started
+    per measurement (the test's are a few, for the same code)."""
     throughput = alternate({"ours": lambda: _measure("throughput", batches, True),
                             "torch": lambda: _measure("throughput", batches, False)}, repeats)
-    resume = alternate({"ours": lambda: _measure("resume-skip", batches, True),
-                        "iterating": lambda: _measure("resume-iterate", batches, True)}, repeats)
-    started = alternate({"ours": lambda: _measure("start-rank", batches, True),
-                         "plain": lambda: _measure("start-plain", batches, True)}, repeats)
+    resume = alternate({"ours": lambda: _measure("resume-skip", batches, True, skipped),
+                        "iterating": lambda: _measure("resume-iterate", batches, True, skipped)},
+                       repeats)  # fmt: skip
+    started = alternate({"ours": lambda: _measure("start-rank", batches, True, starts=starts),
+                         "plain": lambda: _measure("start-plain", batches, True, starts=starts)},
+                        repeats)  # fmt: skip
     return [
         Row("data", "batches/s, 2 fork workers, 32 x 3x224x224 crops with flip and noise",
             throughput["ours"], throughput["torch"], "batches/s", "torch's own seeding",
             ">= 0.97"),
-        Row("data", f"to the first batch of an epoch resumed after {SKIPPED} batches",
+        Row("data", f"to the first batch of an epoch resumed after {skipped} batches",
             resume["ours"], resume["iterating"], "s", "the consumed batches fetched and dropped",
             "< 1, no consumed sample fetched"),
         Row("data", "to the first batch of an epoch, 4 fork workers started as a rank starts them",
@@ -116,9 +123,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path)
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--skipped", type=int, default=SKIPPED, help=argparse.SUPPRESS)
+    p.add_argument("--starts", type=int, default=STARTS, help=argparse.SUPPRESS)
     opts = p.parse_args()
     if opts.child:
-        _child(opts.child, opts.batches)
+        _child(opts.child, opts.batches, opts.skipped, opts.starts)
         return
     report(run(opts.batches, opts.repeats), opts.json)
 

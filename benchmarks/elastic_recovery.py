@@ -36,13 +36,14 @@ from benchmarks.preemption_turnaround import _wait
 from benchmarks.table import Row, report
 
 
-def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool) -> float:
+def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool,
+             per_node: int = 2) -> float:  # fmt: skip
     """Seconds from a node's loss (the whole `machine` gone silent, or the job's processes on
     it killed) to the first training step again."""
     extra = ["--spare-nodes", "1", "--max-restarts", "3"] if elastic else []
     submitted = subprocess.run(
         [sys.executable, "-m", "slurmddp", "submit", "--json", "--partition", "debug",
-         "--nodes", "2", "--ntasks-per-node", "2", "--launcher", "torchrun", *extra,
+         "--nodes", "2", "--ntasks-per-node", str(per_node), "--launcher", "torchrun", *extra,
          "--output", str(work / "jobs"), "--env", "OMP_NUM_THREADS=1",
          str(ROOT / "examples" / "resumable_train.py"), "--steps", "100000", "--step-time",
          "0.05", "--log-every", "10", "--save-every", "20", "--checkpoint-dir", str(work / "ckpt")],
@@ -86,9 +87,9 @@ def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool) -
               180, "end of the job")  # fmt: skip
 
 
-def run(repeats: int = 1, machine: bool = True) -> list[Row]:
+def run(repeats: int = 1, machine: bool = True, per_node: int = 2) -> list[Row]:
     """The rows; without `machine`, only the node's processes lost (the machine's baseline waits
-    for SlurmdTimeout)."""
+    for SlurmdTimeout); `per_node` workers a node (the benchmark's 2; the test's 1)."""
     env = cluster_env()
     samples: dict[tuple[bool, bool], list[float]] = {}
     for _ in range(repeats):
@@ -96,7 +97,8 @@ def run(repeats: int = 1, machine: bool = True) -> list[Row]:
             for elastic in (True, False):
                 with tempfile.TemporaryDirectory(prefix="slurmddp-bench-") as work:
                     samples.setdefault((whole, elastic), []).append(
-                        one_loss(env, Path(work), elastic=elastic, machine=whole))
+                        one_loss(env, Path(work), elastic=elastic, machine=whole,
+                                 per_node=per_node))  # fmt: skip
     median = {key: statistics.median(values) for key, values in samples.items()}
     rows = [Row("elastic", "node's processes lost -> training again", median[False, True],
                 median[False, False], "s", "requeued at once")]  # fmt: skip

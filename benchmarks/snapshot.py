@@ -98,10 +98,16 @@ def _cost_rows(where: str, rate: Callable[..., float], repeats: int, n: str) -> 
     ]  # fmt: skip
 
 
-def cost(repeats: int, steps: int = 2000, large: bool = True) -> list[Row]:
-    """The rows of what a snapshot costs; `large`: also at a 1 GiB state (`large_rows`)."""
-    rows = _cost_rows("0.5 MiB a rank, 2 ranks on 2 emulated nodes", _steps_per_second, repeats,
-                      str(steps))  # fmt: skip
+def cost(repeats: int, steps: int = 2000, large: bool = True, ranks: int = 2) -> list[Row]:
+    """The rows of what a snapshot costs; `large`: also at a 1 GiB state (`large_rows`);
+    `ranks`: the benchmark's 2, each on its emulated node (1: the same rows, no peer to send a
+    snapshot's replica to)."""
+
+    def rate(*args: str) -> float:
+        return _steps_per_second(*args, ranks=ranks)
+
+    rows = _cost_rows(f"0.5 MiB a rank, {ranks} rank{'s' * (ranks > 1)} on {ranks} emulated "
+                      f"node{'s' * (ranks > 1)}", rate, repeats, str(steps))  # fmt: skip
     return rows + (large_rows(1) if large else [])
 
 

@@ -1,10 +1,15 @@
 """Bad input, as a user gives it, through the real entry points: one table.
 
-Every case runs ``python -m slurmddp ...`` or ``python -m slurmddp.run ...`` as a subprocess, with
-a stand-in ``sbatch`` first on PATH that records any call, and asserts: the exit status (2 for
-bad input), exactly one line on stderr that names the fault, no traceback, nothing on stdout,
-sbatch never called, and the working and home directories (config files, checkpoints) exactly as
-they were.
+Every case runs ``python -m slurmddp ...`` or ``python -m slurmddp.run ...`` with a stand-in
+``sbatch`` first on PATH that records any call, and asserts: the exit status (2 for bad input),
+exactly one line on stderr that names the fault, no traceback, nothing on stdout, sbatch never
+called, and the working and home directories (config files, checkpoints) exactly as they were.
+A representative set (`AS_PROCESS`: each entry point, each kind of fault) runs as a subprocess of
+its own; the others run the same entry point's `main` in a child forked from this process (its
+own exit status, stdout and stderr, environment and working directory), as ``python -m`` would
+(slurmddp/__main__.py, slurmddp/run.py: the exit of main's value): the same claim, without
+starting an interpreter for each. The checkpoint cases, which load with torch, all run as
+subprocesses.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -371,6 +378,7 @@ CASES = [
 def test_there_are_enough_cases_and_ids_are_unique():
     assert len(CASES) >= 40
     assert len({c.id for c in CASES}) == len(CASES)
+    assert {c.id for c in CASES} >= AS_PROCESS
 
 
 @pytest.fixture
@@ -401,6 +409,75 @@ def invoke(case: Case, world: dict[str, Path], **extra: str) -> subprocess.Compl
                           timeout=120)  # fmt: skip
 
 
+# Run as `python -m ...` subprocesses: each entry point (slurmddp submit, another command,
+# python -m slurmddp.run) and each kind of fault (an option, a configuration file, the launcher's
+# environment, the script, a checkpoint through a training script, which imports torch).
+# test_the_debug_variable_shows_the_traceback runs ckpt-truncated as one too.
+AS_PROCESS = {"nodes-zero", "config-toml-syntax", "template-sandbox", "unknown-command",
+              "logs-unknown-job", "procid-word", "run-script-missing", "init-unknown-backend",
+              "ckpt-other-model"}  # fmt: skip
+
+
+def invoke_forked(case: Case, world: dict[str, Path]) -> subprocess.CompletedProcess:
+    """`invoke`'s run of `case`, by the entry point's `main` in a child forked from this process:
+    its environment and working directory as `invoke` gives them, its stdout and stderr files,
+    its exit status main's value as sys.exit makes it."""
+    home = world["home"]
+    env = launcher_free_env(
+        HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_STATE_HOME=str(home / ".local" / "state"), SBATCH_CALLS=str(world["calls"]),
+        PATH=f"{world['bin']}:{os.environ['PATH']}", PYTHONDONTWRITEBYTECODE="1",
+    )  # fmt: skip
+    for name in ("SLURMDDP_PROFILES", "SLURMDDP_DEBUG", "SLURMDDP_MASTER_HOST_FORMAT"):
+        env.pop(name, None)
+    env |= dict(case.env)
+    module, *args = case.argv
+    if module == "slurmddp.run":
+        from slurmddp.rank import runner as entry
+    else:
+        from slurmddp import cli as entry
+    out, err = world["bin"].parent / "child.stdout", world["bin"].parent / "child.stderr"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.chdir(world["work"])
+            os.environ.clear()
+            os.environ.update(env)
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+            sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.argv = [str(Path(entry.__file__)), *args]
+            try:
+                status = entry.main(args)
+            except SystemExit as e:
+                status = e.code
+            if isinstance(status, str):
+                print(status, file=sys.stderr)
+            code = 0 if status is None else status if isinstance(status, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(code)
+    deadline = time.monotonic() + 120  # invoke's timeout
+    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"{case.id}: the forked run did not end in 120 s")
+        time.sleep(0.01)
+    wait_status = waited[1]
+    return subprocess.CompletedProcess(case.argv, os.waitstatus_to_exitcode(wait_status),
+                                       out.read_bytes(), err.read_bytes())  # fmt: skip
+
+
 def prepare(case: Case, world: dict[str, Path]) -> None:
     for name, content in case.files.items():
         path = world["home"] / name[2:] if name.startswith("~/") else world["work"] / name
@@ -429,7 +506,10 @@ def snapshot(*roots: Path) -> dict[str, tuple]:
 def test_bad_input_is_one_line_exit_2_and_nothing_happens(case, world):
     prepare(case, world)
     before = snapshot(world["work"], world["home"])
-    r = invoke(case, world)
+    # A resume loads its checkpoint with torch: not in a child forked from a process whose torch
+    # may have started OpenMP's threads (a forked child's parallel region can hang on them).
+    own_process = case.id in AS_PROCESS or case.argv[:2] == ("slurmddp.run", "resume.py")
+    r = invoke(case, world) if own_process else invoke_forked(case, world)
     stderr = r.stderr.decode("utf-8", "replace")
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert r.returncode == case.status, stderr

@@ -33,7 +33,9 @@ def test_cli_latency():
 
 @pytest.mark.ranks
 def test_snapshot_cost():
-    check(snapshot.cost(1, steps=20, large=False))
+    # 1 rank, not the benchmark's 2: the same rows, half the processes importing torch (a
+    # snapshot's replica to a peer: tests/checkpoint/test_snapshots.py).
+    check(snapshot.cost(1, steps=20, large=False, ranks=1))
 
 
 def test_a_benchmark_run_alone_keeps_the_others_rows(tmp_path):
@@ -61,7 +63,9 @@ def test_checkpoint_write(tmp_path):
 
 @pytest.mark.ranks
 def test_data_loading():
-    rows = data_loading.run(batches=5, repeats=1)
+    # 2 batches skipped and 2 epochs started, not 40 and 10: the same code, a fraction of the
+    # batches made.
+    rows = data_loading.run(batches=5, repeats=1, skipped=2, starts=2)
     check(rows)
     assert [r.baseline_label for r in rows] == ["torch's own seeding",
                                                 "the consumed batches fetched and dropped",
@@ -83,7 +87,9 @@ def test_rendezvous_scale():
 
 @pytest.mark.cluster
 def test_preemption_turnaround(slurm_cluster):
-    check(preemption_turnaround.run(repeats=1))
+    # 1 node x 1 rank, not the benchmark's 2 x 2: the same phases, a quarter of the processes
+    # importing torch in each of the two runs.
+    check(preemption_turnaround.run(repeats=1, nodes=1, per_node=1))
 
 
 @pytest.mark.cluster
@@ -92,15 +98,18 @@ def test_preemption_turnaround(slurm_cluster):
 def test_elastic_recovery(slurm_cluster):
     # The machine's row (its baseline waits for SlurmdTimeout) is left to the benchmark run; a
     # silent machine is tested in tests/test_elastic_cluster.py.
-    check(elastic_recovery.run(repeats=1, machine=False))
+    # 1 worker a node, not the benchmark's 2: the same losses and restarts, half the workers.
+    check(elastic_recovery.run(repeats=1, machine=False, per_node=1))
 
 
 @pytest.mark.cluster
 def test_first_collective(slurm_cluster):
-    # 2 ranks, not the benchmark's 8: the same code, a quarter of the processes importing torch.
-    check(first_collective.run(repeats=1, nodes=2, per_node=1))
+    # 1 rank, not the benchmark's 8: the same code, an eighth of the processes importing torch.
+    check(first_collective.run(repeats=1, nodes=1, per_node=1))
 
 
 @pytest.mark.cluster
 def test_cpu_threads(slurm_cluster):
-    check(cpu_threads.run(steps=20, repeats=1))
+    # 1 node x 1 rank, not the benchmark's 2 x 2: the same three contenders, a quarter of the
+    # processes importing torch.
+    check(cpu_threads.run(steps=20, repeats=1, nodes=1, per_node=1))

@@ -134,27 +134,31 @@ def test_dp_and_ddp_train_to_the_same_parameters(tmp_path):
 
 
 def stop_and_resume(tmp_path: Path, script: str, *args: str, stopped: str, resumed: str,
-                    ) -> tuple[Run, Run, Run]:  # fmt: skip
-    """(uninterrupted, stopped by the signal, resumed) runs of `script`, in their own dirs."""
+                    world: int = 2) -> tuple[Run, Run, Run]:  # fmt: skip
+    """(uninterrupted, stopped by the signal, resumed) runs of `script` on `world` ranks, in
+    their own dirs."""
     (tmp_path / "ref").mkdir()
     (tmp_path / "cut").mkdir()
-    ref = launch(tmp_path / "ref", script, *args).check()
+    ref = launch(tmp_path / "ref", script, *args, world=world).check()
     # Slow steps, so that the stop falls well before the end (the ranks agree once a second).
     cut = launch(tmp_path / "cut", script, *args, "--step-time", "0.05", "--log-every", "1",
-                 stop_at=r"^step 2 ").check(NOT_REQUEUED, NOT_REQUEUED)  # fmt: skip
+                 world=world, stop_at=r"^step 2 ").check(*[NOT_REQUEUED] * world)  # fmt: skip
     assert re.search(stopped, cut.outputs[0], re.M), cut.text
     assert "outside a Slurm job: nothing requeues it" in cut.text
-    again = launch(tmp_path / "cut", script, *args).check()
+    again = launch(tmp_path / "cut", script, *args, world=world).check()
     assert re.search(resumed, again.outputs[0], re.M), again.text
     return ref, cut, again
 
 
 @pytest.mark.ranks
 def test_amp_gradscaler_state_is_checkpointed_and_restored(tmp_path):
+    # 1 rank: the scaler's state is each rank's own, saved and restored the same on any number
+    # (2 ranks stopped at one agreed step and resumed bitwise: the FSDP test below, the DDP
+    # sampler's under local emulation).
     ref, cut, again = stop_and_resume(
         tmp_path, "amp_gradscaler.py", "--steps", "40", "--growth-interval", "3",
         stopped=r"^stopped at step (\d+): loss scale (\S+), growth tracker (\d+)$",
-        resumed=r"^resumed at step (\d+): loss scale (\S+), growth tracker (\d+)$",
+        resumed=r"^resumed at step (\d+): loss scale (\S+), growth tracker (\d+)$", world=1,
     )  # fmt: skip
     at_stop = re.search(r"^stopped at step (\d+): loss scale (\S+), growth tracker (\d+)$",
                         cut.outputs[0], re.M).groups()  # fmt: skip
@@ -260,9 +264,13 @@ def test_lightning_or_accelerate_says_why_it_does_nothing_without_them(tmp_path)
 
 @pytest.mark.ranks
 def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_path):
-    # 40 steps an epoch at 0.1 s a step, the stop signal 4 s into the run (whose first seconds
-    # import torch): the stop falls inside the first epoch, never at its end, and the resumed
-    # run starts mid-epoch. (With 20 steps an epoch, a stop once fell on the epoch's last step.)
+    # 40 steps an epoch at 0.1 s a step, the stop signal 4 s into each of the first two runs
+    # (whose first seconds import torch): the first stop falls inside the first epoch, never at
+    # its end, and the resumed run starts mid-epoch; the second, 4 s into the resumed run, comes
+    # before its last step (80 or more are left, 8 s). (With 20 steps an epoch, a stop once fell
+    # on the epoch's last step.) Preempted twice, this is also the local emulation's proof of
+    # tests/batch/test_emulation.py's former preempted-twice test: only a second stop shows the
+    # emulation's restart counter past 1 (requeued 2 of 3) and its signal of each run.
     args = ["--epochs", "3", "--samples", "1280", "--batch-size", "16"]
     ref = launch(tmp_path, "ddp_sampler_eval.py", *args,
                  "--checkpoint-dir", str(tmp_path / "ref-ckpt")).check()  # fmt: skip
@@ -272,7 +280,7 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     assert "epoch" not in ref.outputs[1]
 
     r = slurmddp("submit", "--local", "--follow", "--json", "--nodes", "2",
-                 "--ntasks-per-node", "1", "--output", "logs", "--local-signal-after", "4",
+                 "--ntasks-per-node", "1", "--output", "logs", "--local-signal-after", "4,4",
                  str(EXAMPLES / "ddp_sampler_eval.py"), *args, "--step-time", "0.1",
                  "--checkpoint-dir", str(tmp_path / "ckpt"),
                  cwd=tmp_path, state=tmp_path / "state", timeout=300)  # fmt: skip
@@ -282,13 +290,17 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     rank0 = "\n".join((tmp_path / "logs" / name).read_text()
                        for name in (f"{job}.batch.log", f"{job}/rank-0.log"))  # fmt: skip
     assert "stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in rank0
-    stop = re.search(r"^stopped at step (\d+) \(epoch (\d+), sample (\d+)\)$", rank0, re.M)
-    assert stop, rank0
-    step, epoch, sample = stop.groups()
+    assert "stopped (signal, USR2) at restart 1 after its checkpoint: requeued (2 of 3)" in rank0
+    stops = re.findall(r"^stopped at step (\d+) \(epoch (\d+), sample (\d+)\)$", rank0, re.M)
+    assert len(stops) == 2, rank0
+    step, _, sample = stops[0]
     assert int(step) < 40 and 0 < int(sample) < 1280, rank0
-    assert f"resumed from step-{int(step):08d}: epoch {epoch}, sample {sample}" in rank0
+    # Each run resumed where the one before it stopped.
+    assert re.findall(r"^resumed from step-(\d+): epoch (\d+), sample (\d+)$", rank0, re.M) == [
+        (f"{int(s):08d}", e, n) for s, e, n in stops], rank0  # fmt: skip
     assert "epoch" not in (tmp_path / "logs" / job / "rank-1.log").read_text()
     result = tagged_json(rank0, "RESULT ")[-1]
-    assert result["restart"] == 1
+    assert result["restart"] == 2
+    print(f"uninterrupted: {ref.result['digest']}\npreempted x2:  {result['digest']}")
     assert {k: result[k] for k in ("digest", "val_loss", "steps")} == {
         k: ref.result[k] for k in ("digest", "val_loss", "steps")}  # fmt: skip

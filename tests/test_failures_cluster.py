@@ -2,13 +2,13 @@
 
 | case                   | done to the job                        | expected                       |
 |------------------------|----------------------------------------|--------------------------------|
-| rank raises, exits 3,  | rank 2 of 2x2 ranks, at step 20        | all stop, FAILED within 30 s;  |
+| rank raises, exits 3,  | rank 1 of 2x1 ranks, at step 20        | all stop, FAILED within 30 s;  |
 | or is KILLed           |                                        | rank, node, error in the log   |
 | a rank crashes between | rank 1 of a checkpointing training     | FAILED naming rank 1: no stop  |
 | steps, under Slurm's   | raises; srun sends the others SIGTERM  | agreed, no checkpoint, no      |
 | default signalling     | while they work outside a collective   | requeue                        |
-| a rank never starts    | rank 3 sleeps before init (slurmddp.   | the others fail after 15 s:    |
-|                        | init, or torch's), start-up timeout 15 | 3 of 4 joined, the timeout     |
+| a rank never starts    | rank 1 sleeps before init (slurmddp.   | the others fail after 15 s:    |
+|                        | init, or torch's), start-up timeout 15 | 1 of 2 joined, the timeout     |
 | MASTER_PORT taken      | a socket holds it on the first node    | fails at once, names the port  |
 | two jobs on one node   | both groups up at once on n4 (srun,    | different ports, both complete |
 |                        | and torchrun's rendezvous)             |                                |
@@ -43,6 +43,7 @@ from tests.conftest import (
     CLUSTER_SCRIPT,
     EVERY_SLURM,
     ROOT,
+    SLURM_VERSION,
     launcher_free_env,
     tagged_json,
     wait_until,
@@ -106,26 +107,35 @@ def events(rank_logs: dict[int, str], name: str) -> list[dict]:
 
 # case: (FAIL_MODE, what the batch log must say, given the failing rank's host)
 RANK_FAILURES = {
-    "raise": ("raise", "the first failure a rank reported: rank 2 (host {host}) failed: "
+    "raise": ("raise", "the first failure a rank reported: rank 1 (host {host}) failed: "
                        "RuntimeError: boom at step 20"),
-    "exit": ("exit", "the first failure a rank reported: rank 2 (host {host}) exited with "
+    "exit": ("exit", "the first failure a rank reported: rank 1 (host {host}) exited with "
                      "status 3"),
-    "sigkill": ("kill", "the first to end, as srun saw it: task 2 on {host} (Killed)"),
+    "sigkill": ("kill", "the first to end, as srun saw it: task 1 on {host} (Killed)"),
 }  # fmt: skip
+# How srun ends the other ranks (26.05: SIGCONT, TERM, then KILL) and its own words for a task's
+# death are Slurm's: the SIGKILL case on every version. A raise and an exit status differ in what
+# slurmddp reports (its own logic, the same on every Slurm): on 22.05. Two ranks a node are not the
+# claim here (srun ends a node's other task as any other; the crash test below, 2 x 2 on every
+# version, has a survivor beside the crashed rank): one rank a node.
+CASE_SLURM = {"sigkill": [EVERY_SLURM]}
 
 
 @pytest.fixture(scope="module")
-def failure_jobs(slurm_cluster, tmp_path_factory) -> dict[str, dict]:
-    """Every case of RANK_FAILURES submitted at once (2 nodes x 2 ranks each)."""
+def failure_jobs(slurm_cluster, tmp_path_factory, request) -> dict[str, dict]:
+    """The cases of RANK_FAILURES this session runs, submitted at once (2 nodes x 1 rank each)."""
     tmp = tmp_path_factory.mktemp("rank-failures")
-    return {case: submit(slurm_cluster, tmp, "--nodes", "2", "--ntasks-per-node", "2",
+    test = "test_a_failing_rank_ends_the_job_within_30_s_and_is_named"
+    cases = {item.callspec.params["case"] for item in request.session.items
+             if getattr(item, "originalname", None) == test}  # fmt: skip
+    return {case: submit(slurm_cluster, tmp, "--nodes", "2", "--ntasks-per-node", "1",
                          "--job-name", f"fail-{case}", "--env", f"FAIL_MODE={mode}",
-                         "--env", "FAIL_RANK=2", PROGRAM)
-            for case, (mode, _) in RANK_FAILURES.items()}  # fmt: skip
+                         "--env", "FAIL_RANK=1", PROGRAM)
+            for case, (mode, _) in RANK_FAILURES.items() if case in cases}  # fmt: skip
 
 
-@pytest.mark.parametrize("case", RANK_FAILURES)
-@EVERY_SLURM
+@pytest.mark.parametrize("case", [pytest.param(c, marks=CASE_SLURM.get(c, []))
+                                  for c in RANK_FAILURES])  # fmt: skip
 def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, failure_jobs, case):
     job = failure_jobs[case]
     end = finished(slurm_cluster, job["job_id"])
@@ -133,12 +143,12 @@ def test_a_failing_rank_ends_the_job_within_30_s_and_is_named(slurm_cluster, fai
     assert end["State"] == "FAILED" and end["ExitCode"] != "0:0", (end, batch)
     (failing,) = events(ranks, "failing")
     took = ended_at(job, end) - failing["time"]
-    print(f"{case}: job {job['job_id']} ended {took:.1f} s after rank 2 failed")
+    print(f"{case}: job {job['job_id']} ended {took:.1f} s after rank 1 failed")
     assert took < BOUND_S, batch
     assert not events(ranks, "done"), "a rank went on after the failure"
     assert RANK_FAILURES[case][1].format(host=failing["host"]) in batch, batch
     if case == "raise":  # the rank's own log: the line, then the traceback
-        assert "slurmddp: rank 2 (host" in ranks[2] and "Traceback" in ranks[2], ranks[2]
+        assert "slurmddp: rank 1 (host" in ranks[1] and "Traceback" in ranks[1], ranks[1]
 
 
 @EVERY_SLURM
@@ -177,9 +187,9 @@ STARTUP = {"slurmddp.init": "slurmddp", "init_process_group": "torch"}
 @pytest.fixture(scope="module")
 def startup_jobs(slurm_cluster, tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("startup")
-    return {case: submit(slurm_cluster, tmp, "--nodes", "2", "--ntasks-per-node", "2",
+    return {case: submit(slurm_cluster, tmp, "--nodes", "2", "--ntasks-per-node", "1",
                          "--job-name", f"startup-{init}", "--env", "FAIL_MODE=sleep",
-                         "--env", "FAIL_RANK=3", "--env", f"INIT={init}", "--env",
+                         "--env", "FAIL_RANK=1", "--env", f"INIT={init}", "--env",
                          f"SLURMDDP_STARTUP_TIMEOUT={STARTUP_TIMEOUT_S}", PROGRAM)
             for case, init in STARTUP.items()}  # fmt: skip
 
@@ -198,10 +208,10 @@ def test_a_rank_that_never_joins_fails_the_others_after_the_startup_timeout(
     print(f"{case}: job {job['job_id']} ended {waited:.1f} s after the first rank arrived")
     # It waited its timeout, not the default's 300 s: the upper margin is for the machine's load.
     assert STARTUP_TIMEOUT_S - 1 <= waited < STARTUP_TIMEOUT_S + 120, batch
-    assert "failed: StartupError: only 3 of 4 ranks joined the rendezvous at " in batch, batch
+    assert "failed: StartupError: only 1 of 2 ranks joined the rendezvous at " in batch, batch
     assert f" within {STARTUP_TIMEOUT_S} s (SLURMDDP_STARTUP_TIMEOUT); " in batch, batch
     # Rank 0 alone asks the store who is missing (from every rank it would be N² requests).
-    assert "; missing: rank 3. " in ranks[0], ranks[0]
+    assert "; missing: rank 1. " in ranks[0], ranks[0]
 
 
 # -- the master port -----------------------------------------------------------------------------
@@ -387,10 +397,13 @@ def left_behind(cluster, job: dict, node: str, batch: str, cwd: Path) -> None:
 
 @EVERY_SLURM
 def test_a_rank_on_a_broken_node_gets_the_job_requeued_without_it(slurm_cluster, tmp_path):
+    # What a version may change (the requeue, ExcNodeList) does not depend on the ranks a node
+    # holds: one rank a node on 24.11 and 26.05; on 22.05 two, both dying of the node's fault.
+    per_node = 2 if SLURM_VERSION == "22.05" else 1
     broken = tmp_path / "broken"
-    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--job-name",
-                 "broken-node", "--env", "FAIL_MODE=bus", "--env", "FAIL_RANK=2", "--env",
-                 f"BROKEN_FILE={broken}", PROGRAM)  # fmt: skip
+    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", str(per_node),
+                 "--job-name", "broken-node", "--env", "FAIL_MODE=bus", "--env",
+                 f"FAIL_RANK={per_node}", "--env", f"BROKEN_FILE={broken}", PROGRAM)  # fmt: skip
     end = finished(slurm_cluster, job["job_id"], timeout=240)
     batch, ranks = logs(job)
     node = broken.read_text()
@@ -399,7 +412,7 @@ def test_a_rank_on_a_broken_node_gets_the_job_requeued_without_it(slurm_cluster,
     assert (f"failed at restart 0 because of node {node} (task" in batch
             and f"requeued without it (1 of 3); the job now excludes {node}" in batch), batch
     left_behind(slurm_cluster, job, node, batch, tmp_path)
-    assert len(events(ranks, "done")) == 4  # the second run, every rank
+    assert len(events(ranks, "done")) == 2 * per_node  # the second run, every rank
 
 
 PYTHON_BREAKING_ON_A_NODE = """#!/bin/bash
@@ -421,7 +434,7 @@ def test_a_node_that_fails_the_preflight_is_left_behind_before_any_training(slur
     broken, wrapper = tmp_path / "broken", tmp_path / "python"
     wrapper.write_text(PYTHON_BREAKING_ON_A_NODE.format(python=sys.executable))
     wrapper.chmod(0o755)
-    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "2", "--job-name",
+    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--job-name",
                  "preflight", "--preflight", "--python", str(wrapper), "--env",
                  f"BROKEN_FILE={broken}", PROGRAM)  # fmt: skip
     end = finished(slurm_cluster, job["job_id"], timeout=240)
@@ -433,4 +446,4 @@ def test_a_node_that_fails_the_preflight_is_left_behind_before_any_training(slur
     assert batch.count("slurmddp: preflight passed") == 1, batch  # the second run's
     left_behind(slurm_cluster, job, node, batch, tmp_path)
     # No training in the first run: each rank arrived once, in the second.
-    assert len(events(ranks, "arrived")) == len(events(ranks, "done")) == 4, ranks
+    assert len(events(ranks, "arrived")) == len(events(ranks, "done")) == 2, ranks

@@ -120,3 +120,36 @@ class Trainer(Checkpointable):
         restart = os.environ.get("SLURM_RESTART_COUNT", "0")
         Path(self.marks, f"rank-{rank()}-restart-{restart}-step-{self.step}").touch()
         return super().checkpoint(*args, **kwargs)
+
+
+def uninterrupted_digest(steps: int, world: int) -> str:
+    """What `Trainer(steps, ...)` returns as its digest on `world` ranks run without a stop,
+    computed here in one process: each rank's gradient in turn, summed as gloo's all_reduce sums
+    them, and averaged. Bit for bit only for 1 or 2 ranks, where the sum has one order (a + b ==
+    b + a); on more, the all_reduce's order of additions is gloo's."""
+    import torch
+
+    assert world in (1, 2), world
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(steps):
+        grads = []
+        for me in range(world):
+            g = torch.Generator().manual_seed(step * world + me)
+            x = torch.randn(16, 8, generator=g)
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *each in zip(model.parameters(), *grads, strict=True):
+            total = each[0].clone()
+            for other in each[1:]:
+                total += other
+            total /= world
+            p.grad = total
+        opt.step()
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                   for p in model.parameters())).hexdigest()  # fmt: skip
+

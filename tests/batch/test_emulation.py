@@ -135,28 +135,10 @@ def job_lines(folder, r: subprocess.CompletedProcess) -> list[str]:
     return [line for p in logs if p.exists() for line in p.read_text().splitlines()]
 
 
-def digests(lines: list[str]) -> set[str]:
-    return {x["digest"] for x in tagged_json("\n".join(lines), "RESULT ")}
-
-
-@pytest.mark.ranks
-def test_local_emulation_is_preempted_twice_and_ends_bitwise_identical(tmp_path):
-    ref, ref_lines = local_train(tmp_path, "reference")
-    assert ref.returncode == 0, ref.stdout + ref.stderr
-    # Twice, though the cluster tests prove two preemptions in a row: only a second one shows the
-    # emulation's restart counter past 1 (requeued 2 of 3) and its signal of each run.
-    # The signal comes 4 s into each of the first two runs (start-up takes about 3 s here). The
-    # 200 steps sleep 6 s: the first stop comes before the last step whatever the load, the second
-    # too while the two runs' start-ups (longer on a slow machine) take over 2 s together.
-    r, lines = local_train(tmp_path, "preempted", "--local-signal-after", "4,4", step_time=0.03)
-    assert r.returncode == 0, r.stdout + r.stderr
-    text = "\n".join(lines)
-    assert "stopped (signal, USR2) at restart 0 after its checkpoint: requeued (1 of 3)" in text
-    assert "stopped (signal, USR2) at restart 1 after its checkpoint: requeued (2 of 3)" in text
-    stops = re.findall(r"stopped at step (\d+)", text)
-    assert len(stops) == 2 and stops == re.findall(r"resumed from \S+ at step (\d+)", text)
-    print(f"uninterrupted: {digests(ref_lines)}\npreempted x2:  {digests(lines)}")
-    assert len(digests(ref_lines)) == 1 and digests(lines) == digests(ref_lines)
+# [test_local_emulation_is_preempted_twice_and_ends_bitwise_identical] is proven by
+# tests/test_examples.py::test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes:
+# the same emulated job (2 ranks, --local-signal-after 4,4) preempted twice, requeued 1 then 2 of
+# 3, each run resumed at the step the one before stopped, the end bitwise the uninterrupted run's.
 
 
 @pytest.mark.ranks

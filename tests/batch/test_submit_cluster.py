@@ -52,35 +52,33 @@ def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp
 
     status = slurmddp(slurm_cluster, "status", job["job_id"], cwd=tmp_path)
     assert f"{job['job_id']}  COMPLETED" in status.stdout, status.stdout
-
-    # The same training run with --local, no Slurm at all, reaches the same parameters.
-    local = slurmddp(slurm_cluster, "submit", "--local", "--follow", "--json", "--nodes", "2",
-                     "--ntasks-per-node", "2", TRAIN, "--steps", "6", cwd=tmp_path)  # fmt: skip
-    assert local.returncode == 0, local.stdout + local.stderr
-    job_local = submitted(local)
-    logs = (Path(job_local["job_dir"]) / job_local["job_id"]).glob("rank-*.log")
-    local_digests = {x["digest"] for p in logs for x in tagged_json(p.read_text(), "RESULT ")}
-    assert local_digests == {results[0]["digest"]}
+    # [the same training run with --local reaches the same parameters] is proven by
+    # test_launcher_variables_left_in_the_submitting_shell_never_decide_a_rank, which runs this
+    # job on the cluster and with --local (no Slurm: the same on every version) and compares them.
 
 
-@pytest.mark.parametrize("where", ["cluster", "local"])
 def test_launcher_variables_left_in_the_submitting_shell_never_decide_a_rank(slurm_cluster,
-                                                                            tmp_path, where):
-    # sbatch (and submitit's local executor) pass the submitting shell's environment on.
+                                                                            tmp_path):
+    # sbatch (and submitit's local executor) pass the submitting shell's environment on. The
+    # job on the cluster, then with --local (no Slurm at all), which reaches the same parameters.
     env = slurm_cluster.env(XDG_STATE_HOME=str(tmp_path / "state"), RANK="0", WORLD_SIZE="4",
                             MASTER_ADDR="localhost", TORCHELASTIC_RUN_ID="left-over")
-    r = subprocess.run([sys.executable, "-m", "slurmddp", "submit", "--follow", "--json",
-                        *(["--local"] if where == "local" else []), "--nodes", "2",
-                        "--ntasks-per-node", "2", TRAIN, "--steps", "6"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=240)  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    job = submitted(r)
-    if where == "cluster":
-        ranks = [x["rank"] for x in rank_results(job)]
-    else:
-        logs = (Path(job["job_dir"]) / job["job_id"]).glob("rank-*.log")
-        ranks = [x["rank"] for p in logs for x in tagged_json(p.read_text(), "RESULT ")]
-    assert sorted(ranks) == [0, 1, 2, 3]
+    digests = {}
+    for where in ("cluster", "local"):
+        r = subprocess.run([sys.executable, "-m", "slurmddp", "submit", "--follow", "--json",
+                            *(["--local"] if where == "local" else []), "--nodes", "2",
+                            "--ntasks-per-node", "2", TRAIN, "--steps", "6"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert r.returncode == 0, where + r.stdout + r.stderr
+        job = submitted(r)
+        if where == "cluster":
+            results = rank_results(job)
+        else:
+            logs = (Path(job["job_dir"]) / job["job_id"]).glob("rank-*.log")
+            results = [x for p in logs for x in tagged_json(p.read_text(), "RESULT ")]
+        assert sorted(x["rank"] for x in results) == [0, 1, 2, 3], where
+        digests[where] = {x["digest"] for x in results}
+    assert len(digests["cluster"]) == 1 and digests["local"] == digests["cluster"], digests
 
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])

@@ -1,6 +1,7 @@
 """Snapshots (slurmddp.checkpoint.snapshots): the pure rules, the node store, and the guide's loop
-with a Dropout layer and DataLoader workers that augment at random, at 4 ranks on 2 emulated
-nodes (gloo), killed and resumed from the snapshots of the nodes that remain."""
+with a Dropout layer and DataLoader workers that augment at random, on 2 emulated nodes (gloo; 2
+ranks each, or 1 where a node's number of ranks is not what is tested), killed and resumed from
+the snapshots of the nodes that remain."""
 
 from __future__ import annotations
 
@@ -378,13 +379,19 @@ def test_snapshot_arguments_are_checked(tmp_path):
 
 # -- the guide's loop, killed ---------------------------------------------------------------------
 
-# 2 DataLoader workers (fork) augmenting with torch, numpy and random; 6 epochs of 3 steps;
-# snapshots every --snapshot-every steps whatever they cost (the tests count steps).
-LOOP = ["--workers", "2", "--start-method", "fork", "--epochs", "6", "--snapshot-budget", "none"]
+# 2 DataLoader workers (fork) augmenting with torch, numpy and random, a ResumableDistributedSampler
+# (the smaller world resumes with it); 6 epochs of 3 steps at 4 ranks, of 6 at 2; snapshots every
+# --snapshot-every steps whatever they cost (the tests count steps).
+LOOP = ["--workers", "2", "--start-method", "fork", "--sampler", "resumable", "--epochs", "6",
+        "--snapshot-budget", "none"]
 # The emulated job's end, a day away: without it rank 0 would ask scontrol, and a local cluster
 # running beside these tests may have a job 77 of its own, long ended (the ranks would stop).
 FAR = str(int(time.time()) + 86_400)
+# Two ranks a node where that is what is tested (a node's store holding its ranks' shards and the
+# other node's replicas: resumed in place, onto a spare, into a smaller world); one rank a node
+# elsewhere (each start of a world is its ranks importing torch: seconds each).
 TWO_NODES = ["n1", "n1", "n2", "n2"]
+ONE_EACH = ["n1", "n2"]
 
 
 def run_world(work: Path, nodes: list[str], *args: str,
@@ -426,19 +433,28 @@ def node_store(work: Path, node: str, job: str = "77") -> Path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> str:
-    results, _ = run_world(tmp_path_factory.mktemp("reference"), TWO_NODES)
-    digests = {r["digest"] for r in results}
-    assert len(results) == 4 and len(digests) == 1
-    return digests.pop()
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted loop's digest at a world of `ranks`, each run once."""
+    digests: dict[int, str] = {}
+
+    def digest(ranks: int) -> str:
+        if ranks not in digests:
+            nodes = {4: TWO_NODES, 2: ONE_EACH}[ranks]
+            results, _ = run_world(tmp_path_factory.mktemp(f"reference-{ranks}"), nodes)
+            found = {r["digest"] for r in results}
+            assert len(results) == ranks and len(found) == 1
+            digests[ranks] = found.pop()
+        return digests[ranks]
+
+    return digest
 
 
 # A world killed at step 10 leaves the same state for every test that starts it with the same
 # arguments: it runs once, and each such test acts on its own copy (the state names no path of
 # its own: the stores and checkpoints are found from the directories the ranks are given).
-def killed_world(tmp_path_factory, *args: str) -> Path:
+def killed_world(tmp_path_factory, nodes: list[str], *args: str) -> Path:
     work = tmp_path_factory.mktemp("killed")
-    ended, _ = run_world(work, TWO_NODES, *args, "--crash-at", "10")
+    ended, _ = run_world(work, nodes, *args, "--crash-at", "10")
     assert ended == []
     return work
 
@@ -449,12 +465,12 @@ def copy_into(tmp_path: Path, work: Path) -> None:
 
 @pytest.fixture(scope="module")
 def killed_snapshotting(tmp_path_factory) -> Path:
-    return killed_world(tmp_path_factory, "--snapshot-every", "1")
+    return killed_world(tmp_path_factory, TWO_NODES, "--snapshot-every", "1")
 
 
 @pytest.fixture(scope="module")
 def killed_snapshotting_and_saving(tmp_path_factory) -> Path:
-    return killed_world(tmp_path_factory, "--snapshot-every", "1", "--save-every", "4")
+    return killed_world(tmp_path_factory, ONE_EACH, "--snapshot-every", "1", "--save-every", "4")
 
 
 @pytest.mark.ranks
@@ -465,7 +481,7 @@ def test_killed_ranks_resume_from_the_snapshot_in_place_bitwise(tmp_path, uninte
     # Killed right after step 10's snapshot began: it, or step 9's, is complete.
     assert {r["start"] for r in results} in ({10}, {9}), results
     assert "resuming from the snapshot of step" in said and "0 of 4 shards fetched" in said
-    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {r["digest"] for r in results} == {uninterrupted(4)}
     assert not node_store(tmp_path, "n1").exists()  # mark_done removed the run's snapshots
 
 
@@ -478,7 +494,7 @@ def test_a_lost_nodes_shards_come_from_their_replicas_to_the_spare_bitwise(
     results, said = run_world(tmp_path, ["n1", "n1", "n3", "n3"], "--snapshot-every", "1")
     assert {r["start"] for r in results} in ({10}, {9}), results
     assert "2 of 4 shards fetched from peers" in said, said
-    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {r["digest"] for r in results} == {uninterrupted(4)}
     assert {Path(r["resumed"]).parent.name for r in results} == {"n1"}  # the holder of all four
 
 
@@ -487,24 +503,23 @@ def test_without_a_complete_snapshot_the_durable_checkpoint_is_used(
         tmp_path, uninterrupted, killed_snapshotting_and_saving):  # fmt: skip
     # With both nodes lost nothing of the snapshots is left.
     copy_into(tmp_path, killed_snapshotting_and_saving)
-    for node in ("n1", "n2"):
+    for node in ONE_EACH:
         subprocess.run(["rm", "-r", node_store(tmp_path, node)], check=True)
-    results, said = run_world(tmp_path, ["n3", "n3", "n4", "n4"], "--snapshot-every", "1",
-                              "--save-every", "4")  # fmt: skip
+    results, said = run_world(tmp_path, ["n3", "n4"], "--snapshot-every", "1", "--save-every", "4")
     assert {r["start"] for r in results} == {8}, results
     assert "resuming from the snapshot" not in said
-    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {r["digest"] for r in results} == {uninterrupted(2)}
 
 
 @pytest.mark.ranks
 def test_a_failure_during_a_snapshot_leaves_the_one_before(tmp_path, uninterrupted):
     # Rank 1 dies writing its snapshot of step 10: that step lacks its shard; step 9 is whole.
-    ended, _ = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--die-in-snapshot", "10")
+    ended, _ = run_world(tmp_path, ONE_EACH, "--snapshot-every", "1", "--die-in-snapshot", "10")
     assert ended == []
-    results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1")
+    results, said = run_world(tmp_path, ONE_EACH, "--snapshot-every", "1")
     assert {r["start"] for r in results} == {9}, results
     assert "resuming from the snapshot of step 9" in said, said
-    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {r["digest"] for r in results} == {uninterrupted(2)}
 
 
 @pytest.mark.ranks
@@ -513,23 +528,21 @@ def test_a_requeued_run_finds_no_snapshot_and_says_so(tmp_path, uninterrupted,
     # A requeue is a new run of the job (SLURM_RESTART_COUNT): the run before's snapshots stay
     # with it (here its stores are on the same nodes, and are removed as stale).
     copy_into(tmp_path, killed_snapshotting_and_saving)
-    results, said = run_world(tmp_path, TWO_NODES, "--snapshot-every", "1", "--save-every", "4",
+    results, said = run_world(tmp_path, ONE_EACH, "--snapshot-every", "1", "--save-every", "4",
                               SLURM_RESTART_COUNT="1")  # fmt: skip
     assert {r["start"] for r in results} == {8}, results
     assert "no snapshot of this job is on its nodes" in said, said
     assert not node_store(tmp_path, "n1").exists()  # the run before's, removed
-    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {r["digest"] for r in results} == {uninterrupted(2)}
 
 
 @pytest.mark.ranks
-def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
+def test_a_smaller_world_resumes_from_the_snapshot(tmp_path, killed_snapshotting):
     # 4 ranks on 2 nodes killed; 2 ranks on one node come back (a shrink): each takes the shard
     # of its own rank, all of them on that node, and trains on to the end (not bitwise: the
     # world changed; tests/training/test_sampler.py has the samples across world sizes).
-    run_world(tmp_path, TWO_NODES, "--sampler", "resumable", "--snapshot-every", "1",
-              "--crash-at", "10")  # fmt: skip
-    results, said = run_world(tmp_path, ["n1", "n1"], "--sampler", "resumable",
-                              "--snapshot-every", "1")  # fmt: skip
+    copy_into(tmp_path, killed_snapshotting)
+    results, said = run_world(tmp_path, ["n1", "n1"], "--snapshot-every", "1")
     assert "resuming from the snapshot of step" in said and "0 of 2 shards fetched" in said
     assert len(results) == 2 and {r["start"] for r in results} <= {9, 10}, results
 
@@ -538,16 +551,16 @@ def test_a_smaller_world_resumes_from_the_snapshot(tmp_path):
 def test_snapshots_over_their_budget_are_spaced_alike_on_every_rank(tmp_path, uninterrupted):
     # A budget no snapshot fits (0.01% of the time): the first snapshot's cycle is measured (less
     # its set-up), and at the second the ranks agree on the widest need, applied from there:
-    # after step 2 they space them out alike; killed at step 10, all four resume from step 2's,
-    # the newest they all took, bitwise.
+    # after step 2 they space them out alike; killed at step 10, both resume from step 2's, the
+    # newest they both took, bitwise.
     fast = ["--snapshot-every", "1", "--snapshot-budget", "0.0001"]
-    ended, said = run_world(tmp_path, TWO_NODES, *fast, "--crash-at", "10")
+    ended, said = run_world(tmp_path, ONE_EACH, *fast, "--crash-at", "10")
     assert ended == []
-    results, said = run_world(tmp_path, TWO_NODES, *fast)
+    results, said = run_world(tmp_path, ONE_EACH, *fast)
     assert {r["start"] for r in results} == {2}, results
     assert "resuming from the snapshot of step 2 " in said, said
     assert re.search(r"snapshots every \d+ steps rather than every 1, to keep them within 0.01% "
                      r"of the training's time \(snapshot_budget\): on rank 0 one "
                      r"takes [\d.]+ ms against steps of [\d.]+ ms; the ranks take the widest "
                      r"need", said), said
-    assert {r["digest"] for r in results} == {uninterrupted}
+    assert {r["digest"] for r in results} == {uninterrupted(2)}

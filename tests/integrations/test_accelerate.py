@@ -8,13 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, launcher_free_env, tagged_json
-from tests.integrations.preempted import (
-    Uninterrupted,
-    faulted,
-    killed_then_resumed,
-    preempted_once,
-    through_a_stuck_fork,
-)
+from tests.integrations.preempted import Uninterrupted, forked_again, killed_stopped_resumed
 
 pytest.importorskip("accelerate")
 
@@ -60,51 +54,42 @@ def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
     assert tagged_json(r.stdout, "RESULT ") == reference
 
 
-# This test, the stuck fork's and the killed loop's alone compare to one uninterrupted run (1 rank,
-# 100 steps, 64 an epoch, as users train): each start of the example costs seconds of CPU.
+# Issue 28 and 30, alone, as users train (1 rank, 100 steps, 64 an epoch): snapshots every step of
+# what save_state saves; killed at step 24 (SIGKILL, nothing durable written), run again, the loop
+# resumes from the newest snapshot; stopped in the second epoch through Preemptible.save, as a
+# stop would, then run again from that checkpoint, whose first fork never returns before the
+# first step asks should_stop (the worker is killed and forked again), it ends bitwise equal to
+# the uninterrupted run. (This was test_random_augmentation_in_workers_resumes_bitwise, test_a_
+# worker_stuck_in_its_fork_before_the_first_step_is_forked_again and test_a_killed_loop_resumes_
+# from_its_snapshot_bitwise[1]: 6 starts of the example, 4 now.)
 @pytest.mark.ranks
-def test_random_augmentation_in_workers_resumes_bitwise(tmp_path, uninterrupted):
-    # Issue 28: stopped in the second epoch through Preemptible.save, as a stop would.
-    assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100, *AS_USERS_TRAIN,
-                   STOP_AT="90")[0] == []  # fmt: skip
-    assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 100,
-                   *AS_USERS_TRAIN)[0] == uninterrupted(100, *AS_USERS_TRAIN)  # fmt: skip
-
-
-@pytest.mark.ranks
-def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(
+def test_random_augmentation_in_workers_resumes_bitwise_from_a_snapshot_and_from_a_stop(
         tmp_path, uninterrupted):  # fmt: skip
-    through_a_stuck_fork(uninterrupted, tmp_path, 100, *AS_USERS_TRAIN)
+    at, saved, resumed, stderr = killed_stopped_resumed(
+        uninterrupted, tmp_path, 100, 66, *AS_USERS_TRAIN, STUCK_FORK=str(tmp_path / "stuck"))
+    # The snapshot of 24, or one before if 24's was not complete; stopped at the 66th step since.
+    assert 22 <= at <= 24 and saved == [f"step-{at + 66:08d}"], (at, saved)
+    forked_again(tmp_path / "stuck", stderr)
+    assert len(resumed) == 1 and resumed == uninterrupted(100, *AS_USERS_TRAIN)
 
 
-# Four ranks, 16 steps an epoch, stopped at step 20 of 40: the resumed epoch's loader is the
-# one `skip_first_batches` rebuilds, whose RandomSampler has no epoch of its own (it drew epoch
-# 0's order until Accelerate's epoch was written on it), and DDP's first backward after the
-# restart is primed (the sums of 4 ranks differ in their last bits otherwise). Its uninterrupted
-# run is the killed loop's at 4 ranks too.
+# Three ranks, 22 steps an epoch, as users train: DDP's first backward after a restart is primed
+# (with more than two ranks the sums differ in their last bits otherwise: three do, as four).
+# Rank 1 killed at step 24 (torchrun restarts all three) resumes from the newest snapshot, past
+# the first epoch; stopped in the third through Preemptible.save, it resumes from that checkpoint:
+# the resumed epoch's loader is the one `skip_first_batches` rebuilds, whose RandomSampler has no
+# epoch of its own (it drew epoch 0's order until Accelerate's epoch was written on it); it ends
+# past the third epoch's end, bitwise. (This was test_four_ranks_resume_bitwise_in_a_later_epoch
+# and test_a_killed_loop_resumes_from_its_snapshot_bitwise[4]: 20 rank starts, 12 now.)
 @pytest.mark.ranks
-def test_four_ranks_resume_bitwise_in_a_later_epoch(tmp_path, uninterrupted):
-    more = AS_USERS_TRAIN
-    reference = uninterrupted(40, *more, ranks=4)
-    assert len(reference) == 4 and len({x["digest"] for x in reference}) == 1
-    assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 40, *more, ranks=4,
-                   STOP_AT="20")[0] == []  # fmt: skip
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["step-00000020"]
-    assert faulted(SCRIPT, "--checkpoint-dir", tmp_path / "a", 40, *more, ranks=4)[0] == reference
-
-
-# Issue 30: snapshots every step of what save_state saves; a rank
-# killed (SIGKILL, nothing durable written) resumes from the newest snapshot, and ends bitwise:
-# alone, and at 4 ranks (torchrun restarts all of them) past the first epoch, as users train.
-# Alone it runs the 100 steps of the uninterrupted run the tests above share (on past an epoch).
-@pytest.mark.parametrize("ranks", [1, 4])
-@pytest.mark.ranks
-def test_a_killed_loop_resumes_from_its_snapshot_bitwise(tmp_path, uninterrupted, ranks):
-    reference, resumed, at = killed_then_resumed(uninterrupted, tmp_path, ranks,
-                                                 100 if ranks == 1 else 40,
-                                                 *AS_USERS_TRAIN)  # fmt: skip
-    assert 22 <= at <= 24, at  # the snapshot of 24, or one before if 24's was not complete
-    assert len(resumed) == ranks and resumed == reference
+def test_three_ranks_resume_bitwise_from_snapshots_after_a_rank_is_killed_and_from_a_stop(
+        tmp_path, uninterrupted):  # fmt: skip
+    reference = uninterrupted(70, *AS_USERS_TRAIN, ranks=3)
+    assert len(reference) == 3 and len({x["digest"] for x in reference}) == 1
+    at, saved, resumed, _ = killed_stopped_resumed(uninterrupted, tmp_path, 70, 25,
+                                                   *AS_USERS_TRAIN, ranks=3)  # fmt: skip
+    assert 22 <= at <= 24 and saved == [f"step-{at + 25:08d}"], (at, saved)
+    assert resumed == reference
 
 
 def test_no_snapshot_is_offered_in_the_middle_of_gradient_accumulation(tmp_path, monkeypatch):
@@ -157,16 +142,9 @@ def test_snapshots_refuse_sharded_models_and_stateful_loaders_and_check_options(
     assert Preemptible(plain, tmp_path, snapshot_every=1).snapshots is not None
 
 
-@pytest.mark.cluster
-# Slurm's default signalling (TERM), as most centres run it: Accelerate handles no signal of its
-# own, so how slurmddp's stop comes (USR2 or TERM) is the plain loops' and Lightning's to show.
-@pytest.mark.parametrize(("variant", "signal"), [("default-signal", "TERM")])
-def test_a_preempted_accelerate_loop_resumes_and_ends_bitwise_identical(slurm_cluster, tmp_path,
-                                                                        variant, signal):
-    more = ("--augment", "--workers", "2")  # as users train: random augmentation in workers
-    with slurm_cluster.variant(variant):
-        preempted_once(slurm_cluster, tmp_path, SCRIPT, "--checkpoint-dir", signal=signal,
-                       more=more)
-    out = tmp_path / "out"
-    saved = [p.name for p in out.iterdir()]
-    assert len(saved) == 1 and saved[0].startswith("step-"), saved
+# test_a_preempted_accelerate_loop_resumes_and_ends_bitwise_identical[default-signal-TERM] (a
+# 2-node job preempted by Slurm's TERM) is proven by its parts: Accelerate handles no signal of its
+# own, so slurmddp's stop on Slurm's TERM is a plain loop's (tests/preemption/test_preemption_
+# cluster.py::test_preempted_resumes_and_ends_bitwise_identical[default-signal]); the loop's stop
+# and resume, bitwise at several ranks, is the three ranks' test's above; the example on 2 nodes
+# of the real cluster, bitwise, is tests/integrations/test_snapshots_cluster.py's [accelerate].

@@ -15,7 +15,7 @@ from slurmddp.rank import hostlist
 from tests.checkpoint.test_snapshots_cluster import resumed_at
 from tests.conftest import ROOT
 from tests.preemption.test_preemption_cluster import Job
-from tests.test_elastic_cluster import SPARE_ONE, assert_bitwise, node_logs, wait_logged, workers_on
+from tests.test_elastic_cluster import node_logs, wait_logged, workers_on
 
 pytestmark = pytest.mark.cluster
 
@@ -31,11 +31,21 @@ FRAMEWORKS = {
 }
 
 
+# Two nodes of one worker and a spare node, torchrun restarting the workers up to 3 times. One
+# worker a node: what a lost node's snapshots need is another node holding its replica (its rank's
+# shard fetched from a peer); the resumed DDP at more than two ranks (primed, or the sums differ)
+# is the frameworks' unit tests' (three ranks, a rank killed, torchrun restarting them all), the
+# store's several ranks a node tests/checkpoint/test_snapshots_cluster.py's. (2 nodes x 2 ranks
+# before: 12 rank starts a framework, 6 now.)
+SPARE_ONE = ["--nodes", "2", "--spare-nodes", "1", "--ntasks-per-node", "1", "--launcher",
+             "torchrun", "--max-restarts", "3", "--env", "OMP_NUM_THREADS=1"]  # fmt: skip
+
+
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_a_frameworks_loop_with_a_node_lost_resumes_from_snapshots_bitwise(slurm_cluster,
                                                                           tmp_path, framework):
-    # 2 nodes x 2 ranks and a spare under torchrun (so 4 ranks: the resumed DDP is primed, or the
-    # sums differ); a node's processes killed at step 60 or so. Nothing durable is written before.
+    # 2 nodes x 1 rank and a spare under torchrun; a node's processes (torchrun, its worker and
+    # the worker's 2 DataLoader workers) killed at step 60 or so. Nothing durable is written before.
     script, out, *own = FRAMEWORKS[framework]
     common = [*SPARE_ONE, "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}", script,
               "--steps", "120", "--log-every", "1", "--augment", "--workers", "2",
@@ -50,7 +60,7 @@ def test_a_frameworks_loop_with_a_node_lost_resumes_from_snapshots_bitwise(slurm
     wait_logged(job, "] step 60 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = next(node for node in nodes[1:] if workers_on(job, node))
-    assert len(lose_node(job.id, lost, job.cluster.slurm_conf)) >= 3
+    assert len(lose_node(job.id, lost, job.cluster.slurm_conf)) >= 2
     wait_logged(job, "resuming from the snapshot", 120)
     logs = "".join(node_logs(job).values())
     before = max(int(n) for t in node_logs(job).values()
@@ -61,9 +71,13 @@ def test_a_frameworks_loop_with_a_node_lost_resumes_from_snapshots_bitwise(slurm
     # tests/checkpoint/test_snapshots_cluster.py's, whose example prints its interval.
     (at,) = resumed_at(logs)
     assert 0 < at <= before, (at, before)
-    assert "2 of 4 shards fetched from peers" in logs, logs
+    assert "1 of 2 shards fetched from peers" in logs, logs
     end = job.wait_end(timeout=300)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
-    assert_bitwise(logs, digests.pop())
+    # Both ranks ended with the uninterrupted run's parameters (finite ones: a diverged run's
+    # digest of NaNs would equal every other's).
+    digest, results = digests.pop(), [line for line in logs.splitlines() if "RESULT " in line]
+    assert len(results) == 2 and all(digest in line and '"finite": false' not in line
+                                     for line in results), results  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
@@ -11,10 +10,9 @@ import pytest
 from tests.conftest import ROOT, launcher_free_env, tagged_json
 from tests.integrations.preempted import (
     Uninterrupted,
+    forked_again,
+    killed_stopped_resumed,
     killed_then_resumed,
-    preempted_once,
-    stopped_then_resumed,
-    through_a_stuck_fork,
 )
 
 pytest.importorskip("transformers")
@@ -46,41 +44,46 @@ def test_an_uninterrupted_run_ends_at_its_last_step(tmp_path):
     assert [x["steps"] for x in tagged_json(r.stdout, "RESULT ")] == [5]
 
 
-# This test, the stuck fork's and the killed Trainer's alone compare to one uninterrupted run
-# (1 rank, 100 steps, 64 an epoch, as users train): each start of the example costs seconds of CPU.
+# Issue 28 and 30, alone, as users train (1 rank, 100 steps, 64 an epoch): snapshots every step of
+# what the Trainer's checkpoint holds; killed at step 24 (SIGKILL, nothing durable written), run
+# again, the Trainer resumes from the newest snapshot, written out as the Trainer's checkpoint
+# files (which go with the run); stopped in the second epoch, then run again from that checkpoint,
+# whose first fork never returns before the first step asks should_stop (the worker is killed and
+# forked again), it ends bitwise equal to the uninterrupted run; without slurmddp's seeding in
+# that last life it does not. (This was also test_a_worker_stuck_in_its_fork_before_the_first_
+# step_is_forked_again and test_a_killed_trainer_resumes_from_its_snapshot_bitwise[1], and the
+# control's stop was a run of its own: 8 starts of the example, 5 now.)
 @pytest.mark.ranks
 @pytest.mark.floor
 def test_random_augmentation_in_workers_resumes_bitwise_and_without_the_seeding_does_not(
         tmp_path, uninterrupted):  # fmt: skip
-    # Issue 28: stopped in the second epoch.
     more = AS_USERS_TRAIN
     reference = uninterrupted(100, *more)
-    assert stopped_then_resumed(uninterrupted, tmp_path / "a", 100, 90, *more) == reference
-    # The control: torch's own seeding (the Trainer restores the generators, but the workers'
-    # seeds came from where the resumed run's generator stood as the loader started).
-    assert stopped_then_resumed(uninterrupted, tmp_path / "b", 100, 90, *more,
-                                SLURMDDP_EXACT_DATA="0") != reference  # fmt: skip
+    # The control, from the same stop: torch's own seeding in the last life (the Trainer restores
+    # the generators, but the workers' seeds came from where the resumed run's generator stood as
+    # the loader started).
+    control = {"SLURMDDP_EXACT_DATA": "0"}
+    at, saved, resumed, stderr = killed_stopped_resumed(
+        uninterrupted, tmp_path, 100, 66, *more, control=control,
+        STUCK_FORK=str(tmp_path / "stuck"))  # fmt: skip
+    # The snapshot of 24, or one before if 24's was not complete; stopped at the 66th step since.
+    assert 22 <= at <= 24 and saved == [f"checkpoint-{at + 66}"], (at, saved)
+    assert not list((tmp_path / "shm").glob("*/slurmddp-resume-*"))
+    forked_again(tmp_path / "stuck", stderr)
+    assert len(resumed) == 1 and resumed == reference
+    assert len(control["results"]) == 1 and control["results"] != reference
 
 
+# Issue 30 at three ranks (torchrun restarts all of them; more than two: the sums of DDP's
+# gradients depend on its bucket layout), past the first epoch (22 steps at 3 ranks), as users
+# train: rank 1 killed (SIGKILL, nothing durable written) resumes from the newest snapshot,
+# written out as the Trainer's checkpoint files, and ends bitwise. ([1], alone, is the test
+# above's first two lives; four ranks: 12 rank starts, 9 now.)
 @pytest.mark.ranks
-def test_a_worker_stuck_in_its_fork_before_the_first_step_is_forked_again(
-        tmp_path, uninterrupted):  # fmt: skip
-    through_a_stuck_fork(uninterrupted, tmp_path, 100, *AS_USERS_TRAIN)
-
-
-# Issue 30: snapshots every step of what the Trainer's checkpoint
-# holds; a rank killed (SIGKILL, nothing durable written) resumes from the newest snapshot,
-# written out as the Trainer's checkpoint files, and ends bitwise: alone, and at 4 ranks
-# (torchrun restarts all of them) past the first epoch (16 steps at 4 ranks), as users train.
-# Alone it runs the 100 steps of the uninterrupted run the tests above share (on past an epoch).
-@pytest.mark.parametrize("ranks", [1, 4])
-@pytest.mark.ranks
-def test_a_killed_trainer_resumes_from_its_snapshot_bitwise(tmp_path, uninterrupted, ranks):
-    reference, resumed, at = killed_then_resumed(uninterrupted, tmp_path, ranks,
-                                                 100 if ranks == 1 else 40,
-                                                 *AS_USERS_TRAIN)  # fmt: skip
+def test_three_killed_trainers_resume_from_their_snapshots_bitwise(tmp_path, uninterrupted):
+    reference, resumed, at = killed_then_resumed(uninterrupted, tmp_path, 3, 40, *AS_USERS_TRAIN)
     assert 22 <= at <= 24, at  # the snapshot of 24, or one before if 24's was not complete
-    assert len(resumed) == ranks and resumed == reference
+    assert len(resumed) == 3 and resumed == reference
     # The checkpoint files it was written out as went with the run.
     assert not list((tmp_path / "shm").glob("*/slurmddp-resume-*"))
 
@@ -107,16 +110,10 @@ def test_snapshot_options_are_checked_and_sharded_models_refused():
             train(trainer(**kind), snapshot_every=1)
 
 
-@pytest.mark.cluster
-# Slurm's default signalling (TERM), as most centres run it: the Trainer handles no signal of its
-# own, so how slurmddp's stop comes (USR2 or TERM) is the plain loops' and Lightning's to show.
-@pytest.mark.parametrize(("variant", "signal"), [("default-signal", "TERM")])
-def test_a_preempted_trainer_resumes_at_its_stop_and_ends_bitwise_identical(slurm_cluster,
-                                                                            tmp_path, variant,
-                                                                            signal):  # fmt: skip
-    more = ("--augment", "--workers", "2")  # as users train: random augmentation in workers
-    with slurm_cluster.variant(variant):
-        preempted_once(slurm_cluster, tmp_path, SCRIPT, "--output-dir", signal=signal, more=more)
-    out = tmp_path / "out"
-    saved = [int(m[1]) for p in out.iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
-    assert len(saved) == 1 and 30 <= saved[0] < 120, saved  # the stop's checkpoint, only
+# test_a_preempted_trainer_resumes_at_its_stop_and_ends_bitwise_identical[default-signal-TERM] (a
+# 2-node job preempted by Slurm's TERM) is proven by its parts: the Trainer handles no signal of
+# its own, so slurmddp's stop on Slurm's TERM is a plain loop's (tests/preemption/test_preemption_
+# cluster.py::test_preempted_resumes_and_ends_bitwise_identical[default-signal]); the Trainer's
+# stop and resume from its checkpoint-N, bitwise, is the augmentation test's above; the example on
+# 2 nodes of the real cluster, bitwise, is tests/integrations/test_snapshots_cluster.py's
+# [transformers].
