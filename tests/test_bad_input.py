@@ -395,7 +395,9 @@ def world(tmp_path: Path) -> dict[str, Path]:
     return paths
 
 
-def invoke(case: Case, world: dict[str, Path], **extra: str) -> subprocess.CompletedProcess:
+def case_env(case: Case, world: dict[str, Path]) -> dict[str, str]:
+    """The environment a case runs in: the world's HOME, XDG directories and stand-in sbatch,
+    no launcher's variables, then the case's own."""
     home = world["home"]
     env = launcher_free_env(
         HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
@@ -404,8 +406,12 @@ def invoke(case: Case, world: dict[str, Path], **extra: str) -> subprocess.Compl
     )  # fmt: skip
     for name in ("SLURMDDP_PROFILES", "SLURMDDP_DEBUG", "SLURMDDP_MASTER_HOST_FORMAT"):
         env.pop(name, None)
+    return env | dict(case.env)
+
+
+def invoke(case: Case, world: dict[str, Path], **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *case.argv], cwd=world["work"],
-                          env=env | dict(case.env) | extra, capture_output=True,
+                          env=case_env(case, world) | extra, capture_output=True,
                           timeout=120)  # fmt: skip
 
 
@@ -422,15 +428,7 @@ def invoke_forked(case: Case, world: dict[str, Path]) -> subprocess.CompletedPro
     """`invoke`'s run of `case`, by the entry point's `main` in a child forked from this process:
     its environment and working directory as `invoke` gives them, its stdout and stderr files,
     its exit status main's value as sys.exit makes it."""
-    home = world["home"]
-    env = launcher_free_env(
-        HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
-        XDG_STATE_HOME=str(home / ".local" / "state"), SBATCH_CALLS=str(world["calls"]),
-        PATH=f"{world['bin']}:{os.environ['PATH']}", PYTHONDONTWRITEBYTECODE="1",
-    )  # fmt: skip
-    for name in ("SLURMDDP_PROFILES", "SLURMDDP_DEBUG", "SLURMDDP_MASTER_HOST_FORMAT"):
-        env.pop(name, None)
-    env |= dict(case.env)
+    env = case_env(case, world)
     module, *args = case.argv
     if module == "slurmddp.run":
         from slurmddp.rank import runner as entry
