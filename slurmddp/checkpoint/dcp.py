@@ -9,6 +9,7 @@ dataclasses, dtypes, torch.Size and paths and nothing else, and non-tensor items
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import inspect
 import io
@@ -46,6 +47,8 @@ class MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _EXTRA_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         if module in _DCP_MODULES:
@@ -56,6 +59,17 @@ class MetadataUnpickler(pickle.Unpickler):
             if isinstance(obj, type) and obj.__module__ == module:
                 return obj
         raise Forbidden(f"global {module}.{name} is not allowed in DCP metadata")
+
+
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What ``getattr(cls, name)`` in a pickle may mean here: a member of one of DCP's enums.
+    Some Python 3.11 releases (Debian 12's 3.11.2 among them) pickle an enum member that way,
+    where the others pickle ``cls(value)``."""
+    if (isinstance(cls, enum.EnumMeta) and cls.__module__ in _DCP_MODULES
+            and isinstance(name, str) and name in cls.__members__):  # fmt: skip
+        return cls[name]
+    raise Forbidden(f"getattr({getattr(cls, '__qualname__', type(cls).__name__)}, {name!r}) is "
+                    "not allowed in DCP metadata")  # fmt: skip
 
 
 def metadata_problem(path: Path) -> str | None:

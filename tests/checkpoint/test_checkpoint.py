@@ -753,6 +753,52 @@ def test_sharded_checkpoints_refuse_crafted_pickles(tmp_path):
     assert not marker.exists()
 
 
+class _EnumsByName(pickle.Pickler):
+    """Pickles an enum member as ``getattr(cls, name)``, as some Python 3.11 releases do (Debian
+    12's 3.11.2): metadata written there must load on every other interpreter."""
+
+    def reducer_override(self, obj):
+        import enum
+
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+class _GetattrOf:
+    def __init__(self, owner, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_sharded_metadata_with_enums_pickled_by_name_loads_and_nothing_else_by_getattr(tmp_path):
+    import io
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    ckpt = Checkpointer(tmp_path / "ck", sharded=True)
+    ckpt.save(1, {"w": torch.arange(3.0), "meta": {"lr": 0.5}})
+    path = tmp_path / "ck" / "step-00000001"
+    metadata = pickle.loads((path / ".metadata").read_bytes())
+    by_name = io.BytesIO()
+    _EnumsByName(by_name).dump(metadata)
+    assert b"getattr" in by_name.getvalue()  # the form the test is about
+    (path / ".metadata").write_bytes(by_name.getvalue())
+    write_manifest(path, 1, "sharded")
+    into = {"w": torch.zeros(3), "meta": {"lr": 0.0}}
+    ckpt.load_latest(into=into)
+    assert torch.equal(into["w"], torch.arange(3.0)) and into["meta"] == {"lr": 0.5}
+    # getattr names an enum member of DCP's own, nothing else: not an attribute of an allowed
+    # class, nor of a DCP class that is no enum.
+    for owner, name in [(torch.Size, "__subclasses__"), (MetadataIndex, "__init__")]:
+        (path / ".metadata").write_bytes(pickle.dumps(_GetattrOf(owner, name)))
+        with pytest.raises(pickle.UnpicklingError, match=r"getattr\(.*\) is not allowed"):
+            safe_dcp.reader_class()(path).read_metadata()
+
+
 # -- two gloo ranks ----------------------------------------------------------------------------
 
 PRELUDE = """

@@ -129,15 +129,22 @@ def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
 @pytest.mark.parametrize("sig", ["USR2", "USR1"])
 @pytest.mark.ranks
 def test_local_delivers_the_stop_signal_after_the_given_time(tmp_path, sig):
+    # The signal reaches the batch shell 2 s into the run, and the task a little later, or
+    # before the script's own handler is in place on a loaded machine (the runner takes it then).
+    # Either way the shell leaves its name in the stop file, the protocol's channel for ranks not
+    # yet able to take it, which the script reads as slurmddp's Receiver does.
     script = tmp_path / "wait.py"
     script.write_text(
-        "import signal, time\n"
+        "import os, signal, time\n"
         "got = []\n"
-        f"signal.signal(signal.SIG{sig}, lambda *a: got.append(1))\n"
+        f"signal.signal(signal.SIG{sig}, lambda *a: got.append('{sig}'))\n"
+        "stop_file = os.environ['SLURMDDP_STOP_FILE']\n"
         "deadline = time.time() + 60\n"
         "while not got and time.time() < deadline:\n"
+        "    if os.path.exists(stop_file):\n"
+        "        got += open(stop_file).read().split()  # empty while the shell writes it\n"
         "    time.sleep(0.1)\n"
-        f"print('{sig}' if got else 'no signal', flush=True)\n"
+        "print(got[0] if got else 'no signal', flush=True)\n"
     )
     argv = ["--local", "--follow", "--json", "--local-signal-after", "2", "--signal", sig]
     r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
