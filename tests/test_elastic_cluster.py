@@ -315,7 +315,16 @@ def silent_machine(job: Job, node: str) -> Iterator[list[int]]:
         assert up.returncode == 0, up.stdout + up.stderr
 
 
-@NEWER_SLURM
+# 26.05 only. On 24.11 it failed in a fresh run (2026-12-06), as a silent machine then a killed
+# rank had in the run before (the same batch log: srun's "Node failure" on the batch host too):
+# the training ended bitwise on the survivors, then slurmctld's ping of the silent node blocked its
+# agent for 41 s (two MessageTimeouts on one connection to "localhost") and it set the batch host
+# n1 DOWN beside the silent n2, killed the batch step there ("batch step received ... This should
+# never happen"), and the --no-kill job, left without its batch script, never ended. All four
+# nodes of this cluster are one host named localhost; a real cluster's reachable node answers its
+# ping. What Slurm does to a --no-kill step and a lost node's slurmd on 24.11 stays proven by the
+# lost node, the dead slurmd and the two spares.
+@pytest.mark.slurm("26.05")
 def test_a_machine_gone_silent_is_left_behind_in_place_without_a_spare(slurm_cluster, tmp_path):
     # The node's slurmd, the job's step daemon on it and its processes stop at once (SIGSTOP): a
     # crashed machine or a cut link, whose connections nobody resets, holding rank 0 (the

@@ -1,6 +1,8 @@
-"""Snapshots under torchrun's elastic agents on the real local cluster (marker `snapshots`: the
-22.05 pass and the 24.11 one). The nodes share this host's /dev/shm, so each node's store is its
-own directory, and a node lost in a test loses it (benchmarks.cluster.lose_node removes it).
+"""Snapshots under torchrun's elastic agents on the real local cluster (the silent machine on
+22.05, the others on 24.11: slurmddp's and torch's logic, the same on every Slurm, spread over
+the passes; docs/developers/testing.md). The nodes share this host's /dev/shm, so each node's
+store is its own directory, and a node lost in a test loses it (benchmarks.cluster.lose_node
+removes it).
 
 - A node's processes killed, a spare in its place: the run (the example as a user runs it, within
   the default budget) resumes from the last snapshot or the one before, its shards fetched from
@@ -85,6 +87,9 @@ def spare_job(cluster, tmp_path: Path, *budget: str, per_node: int = 2) -> Job:
     ])  # fmt: skip
 
 
+# On 24.11 (docs/developers/testing.md: what it checks is slurmddp's and torch's, the same on
+# every Slurm; the passes share the work).
+@pytest.mark.slurm("24.11")
 def test_a_lost_node_costs_at_most_the_snapshot_interval_within_the_default_budget(
         slurm_cluster, tmp_path, reference_digest):  # fmt: skip
     # The example as a user runs it: snapshot_every=1 within the default budget (2%), which at
@@ -183,6 +188,9 @@ def loop_results(job: Job) -> list[dict]:
             if "RESULT " in line]  # fmt: skip
 
 
+# On 24.11 (docs/developers/testing.md: what it checks is slurmddp's and torch's, the same on
+# every Slurm; the passes share the work).
+@pytest.mark.slurm("24.11")
 def test_a_rank_killed_writing_a_snapshot_leaves_the_one_before(slurm_cluster, tmp_path,
                                                                 loop_digest):  # fmt: skip
     job = loop_job(slurm_cluster, tmp_path, "--die-in-snapshot", "10")
@@ -195,6 +203,9 @@ def test_a_rank_killed_writing_a_snapshot_leaves_the_one_before(slurm_cluster, t
     assert {r["digest"] for r in results} == {loop_digest}
 
 
+# On 24.11 (docs/developers/testing.md: what it checks is slurmddp's and torch's, the same on
+# every Slurm; the passes share the work).
+@pytest.mark.slurm("24.11")
 def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replicas(
         slurm_cluster, tmp_path, loop_digest):  # fmt: skip
     job = loop_job(slurm_cluster, tmp_path, "--crash-at", "10", hold=True)

@@ -1,7 +1,7 @@
 """The framework integrations' snapshots on the real local cluster: each framework's example, a
-node's processes killed, a spare in its place, resumed from the snapshots, bitwise (the 22.05
-pass; the snapshots' own cluster tests, tests/checkpoint/test_snapshots_cluster.py, also run on
-24.11: what these add is in the frameworks' processes, not in Slurm)."""
+node's processes killed, a spare in its place, resumed from the snapshots, bitwise (the 26.05
+pass; the snapshots' own cluster tests, tests/checkpoint/test_snapshots_cluster.py, run on 22.05
+and 24.11: what these add is in the frameworks' processes, not in Slurm)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ SPARE_ONE = ["--nodes", "2", "--spare-nodes", "1", "--ntasks-per-node", "1", "--
              "torchrun", "--max-restarts", "3", "--env", "OMP_NUM_THREADS=1"]  # fmt: skip
 
 
+# On 26.05 (docs/developers/testing.md): what they add is in the frameworks' processes.
+@pytest.mark.slurm("26.05")
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_a_frameworks_loop_with_a_node_lost_resumes_from_snapshots_bitwise(slurm_cluster,
                                                                           tmp_path, framework):
