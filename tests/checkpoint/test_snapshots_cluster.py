@@ -125,6 +125,9 @@ def test_a_lost_node_costs_at_most_the_snapshot_interval_within_the_default_budg
     assert not stores(tmp_path), stores(tmp_path)  # mark_done removed them from every node
 
 
+# On 26.05, beside the elastic silent machine (docs/developers/testing.md): a machine's silence
+# on the one-host cluster of 24.11 took the batch host down with it; 22.05's pass is the longest.
+@pytest.mark.slurm("26.05")
 def test_a_machine_gone_silent_then_a_rank_killed_two_recoveries_from_snapshots(
         slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
     # First a whole machine stops (SIGSTOP: slurmd, step daemon, agent, workers), rank 0's when

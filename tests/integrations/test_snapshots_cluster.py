@@ -1,7 +1,7 @@
 """The framework integrations' snapshots on the real local cluster: each framework's example, a
 node's processes killed, a spare in its place, resumed from the snapshots, bitwise (the 26.05
-pass; the snapshots' own cluster tests, tests/checkpoint/test_snapshots_cluster.py, run on 22.05
-and 24.11: what these add is in the frameworks' processes, not in Slurm)."""
+pass; the snapshots' own cluster tests, tests/checkpoint/test_snapshots_cluster.py, run on 24.11
+and 26.05: what these add is in the frameworks' processes, not in Slurm)."""
 
 from __future__ import annotations
 
