@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import random
@@ -37,6 +38,10 @@ DEFAULT_SLURM = ("22.05",)
 # What the versions may do differently (the signals, requeue, placement, host lists, the job's
 # fields): such a test runs on all three. docs/developers/testing.md has the whole matrix.
 EVERY_SLURM = pytest.mark.slurm(*SLURM_VERSIONS)
+# What no version changes, run on 24.11 instead of the default: tests that mostly wait (on
+# SlurmdTimeout, a hang timeout, a controller's restart), taken out of the 22.05 pass, which was the
+# longest of scripts/test's chains.
+ELSEWHERE_SLURM = pytest.mark.slurm("24.11")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,20 +91,45 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
 _PROJECT_PORTS = range(5000, 32768)
 
 
+# Where free_port records the ports it handed out, for every pytest of this user on this machine
+# (scripts/test runs five side by side): one lock, one file per port, its time the handout's.
+_PORT_CLAIMS = Path(f"/tmp/slurmddp-test-ports-{os.getuid()}")
+# How long a handed-out port stays another test's: from the pick to its rank 0's bind, and to a
+# second run's bind where a test starts its ranks again on the same port.
+_PORT_CLAIM_S = 900
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, for a test's rank 0 to listen on next. Never one of the
     kernel's ephemeral ports: any outgoing connection may take one of those between this check
     and the rank's bind (CI runs passes side by side, and gloo opens many), which failed a
-    process group's start. Nor one of the local clusters' or slurmddp's (_PROJECT_PORTS)."""
+    process group's start. Nor one of the local clusters' or slurmddp's (_PROJECT_PORTS). Nor
+    one handed to another test in the last _PORT_CLAIM_S seconds, in any pytest of this machine:
+    two passes' tests picked the same port before either bound it, and one's rank 0 found it
+    taken."""
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     candidates = [p for p in range(1024, 65536)
                   if not low <= p <= high and p not in _PROJECT_PORTS]  # fmt: skip
-    for port in random.sample(candidates, min(100, len(candidates))):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    _PORT_CLAIMS.mkdir(mode=0o700, exist_ok=True)
+    with open(_PORT_CLAIMS / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now = time.time()
+        claimed = set()
+        for claim in _PORT_CLAIMS.glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                if now - claim.stat().st_mtime < _PORT_CLAIM_S:
+                    claimed.add(int(claim.name))
+                else:
+                    claim.unlink()
+        for port in random.sample(candidates, min(100, len(candidates))):
+            if port in claimed:
                 continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            (_PORT_CLAIMS / str(port)).touch()
             return port
     raise RuntimeError(f"no free port outside {low}-{high} (ephemeral) and {_PROJECT_PORTS}")
 

@@ -21,6 +21,19 @@ def test_free_port_is_bindable_and_never_ephemeral_nor_the_projects():
             s.bind(("127.0.0.1", port))
 
 
+def test_free_port_never_hands_one_port_twice_across_processes(tmp_path):
+    """Two pytests side by side (scripts/test's passes) must not pick the same port before either
+    binds it: by chance alone, 300 picks among the 8,512 ports this machine leaves repeat one in
+    all but one run of 200."""
+    pick = "from tests.conftest import free_port; print(*(free_port() for _ in range(100)))"
+    procs = [subprocess.Popen([sys.executable, "-c", pick], stdout=subprocess.PIPE, text=True,
+                              cwd=tmp_path) for _ in range(2)]
+    ours = [free_port() for _ in range(100)]
+    theirs = [int(port) for p in procs for port in p.communicate(timeout=120)[0].split()]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(theirs) == 200 and len(set(ours + theirs)) == 300
+
+
 # A session of its own, in two modules: a module's shared jobs outlive each of its tests and end
 # with the module; a failed test's job and the node it drained are gone before the next test.
 SHARED = '''

@@ -41,6 +41,7 @@ from slurmddp.rank import hostlist
 from tests.batch.test_submit_cluster import slurmddp, submitted
 from tests.conftest import (
     CLUSTER_SCRIPT,
+    ELSEWHERE_SLURM,
     EVERY_SLURM,
     ROOT,
     SLURM_VERSION,
@@ -54,7 +55,6 @@ pytestmark = pytest.mark.cluster
 PROGRAM = str(ROOT / "tests" / "programs" / "failing_rank.py")
 CRASH_ONCE = str(ROOT / "tests" / "programs" / "crash_once.py")
 TRAIN = str(ROOT / "examples" / "resumable_train.py")
-CLUSTER_DIR = Path(os.environ.get("SLURMDDP_CLUSTER_DIR", "/tmp/slurmddp-cluster"))
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 BOUND_S = 30  # "the job ends within 30 s"
 
@@ -273,8 +273,8 @@ def test_two_torchrun_jobs_sharing_their_first_node_rendezvous_apart(slurm_clust
 # -- a slurmd dies -------------------------------------------------------------------------------
 
 
-def slurmd_pid(node: str) -> int:
-    return int((CLUSTER_DIR / "run" / f"slurmd-{node}.pid").read_text().strip())
+def slurmd_pid(cluster, node: str) -> int:
+    return int((cluster.state_dir / "run" / f"slurmd-{node}.pid").read_text().strip())
 
 
 def node_state(cluster, node: str) -> str:
@@ -311,6 +311,7 @@ def submit_without_requeue(cluster, tmp_path: Path, argv: list[str]) -> str:
     return r.stdout.split()[-1]
 
 
+@ELSEWHERE_SLURM
 def test_a_dead_slurmd_requeues_or_ends_each_job_as_asked_and_the_checkpoint_survives(
     slurm_cluster, tmp_path
 ):
@@ -326,7 +327,7 @@ def test_a_dead_slurmd_requeues_or_ends_each_job_as_asked_and_the_checkpoint_sur
     }  # fmt: skip
     wait_until(lambda: all((d / "latest").exists() for d in ckpt.values()), 120,
              "a first checkpoint of both jobs")  # fmt: skip
-    os.kill(slurmd_pid("n2"), 9)
+    os.kill(slurmd_pid(slurm_cluster, "n2"), 9)
     killed = time.time()
     try:
         # Slurm notices after SlurmdTimeout (60 s): n2 goes DOWN, both jobs fail with it, and
@@ -354,6 +355,7 @@ def test_a_dead_slurmd_requeues_or_ends_each_job_as_asked_and_the_checkpoint_sur
 # -- slurmctld is down ---------------------------------------------------------------------------
 
 
+@ELSEWHERE_SLURM
 def test_with_slurmctld_down_submit_and_status_say_so_in_one_line(slurm_cluster, tmp_path):
     job = submit(slurm_cluster, tmp_path, "--env", "FAIL_MODE=none", PROGRAM)
     assert finished(slurm_cluster, job["job_id"])["State"] == "COMPLETED"

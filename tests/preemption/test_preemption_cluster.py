@@ -17,7 +17,7 @@ import pytest
 
 from slurmddp.preemption import decision
 from tests.batch.test_submit_cluster import slurmddp, submitted
-from tests.conftest import EVERY_SLURM, ROOT, tagged_json, wait_until
+from tests.conftest import ELSEWHERE_SLURM, EVERY_SLURM, ROOT, tagged_json, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -344,6 +344,7 @@ def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path
 # the same two ways of signalling (USR2 passed on by srun, Slurm's TERM), a worker a rank (WORKERS).
 
 
+@ELSEWHERE_SLURM
 def test_a_stop_signal_during_the_setup_lines_requeues_before_the_step(
         slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
     job = Job(slurm_cluster, tmp_path, ["--setup", "sleep 6",

@@ -15,7 +15,7 @@ import pytest
 
 from slurmddp.rank import hostlist
 from slurmddp.watchdog.verdict import ranks_text
-from tests.conftest import EVERY_SLURM, ROOT
+from tests.conftest import ELSEWHERE_SLURM, EVERY_SLURM, ROOT
 from tests.preemption.test_preemption_cluster import Job
 
 pytestmark = pytest.mark.cluster
@@ -50,9 +50,11 @@ def last_progress(job: Job, world: int) -> float:
     # Slurm's end of a step with a stopped task may differ between versions: on all three.
     pytest.param("stop", 2, "it did not answer: its process is stopped, or holds the interpreter "
                  "lock", 2, marks=EVERY_SLURM),
-    ("sleep", 1, "it is not waiting for another rank: it is in ", 1),
+    pytest.param("sleep", 1, "it is not waiting for another rank: it is in ", 1,
+                 marks=ELSEWHERE_SLURM),
     ("skip", 1, "while the others are at progress call", 2),
-    ("startup", 1, "it is not waiting for another rank: it is in ", 1),
+    pytest.param("startup", 1, "it is not waiting for another rank: it is in ", 1,
+                 marks=ELSEWHERE_SLURM),
 ])  # fmt: skip
 def test_a_hung_rank_ends_the_job_named_with_its_node(slurm_cluster, tmp_path, mode, rank, why,
                                                       per_node):  # fmt: skip
