@@ -86,6 +86,13 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+def lone_rank_env(**extra: str) -> dict[str, str]:
+    """launcher_free_env for a lone rank outside any job: one OpenMP thread, and a free
+    MASTER_PORT of its own. Without one it listens on torch's default, 29500, which the same test
+    takes in the floor's pass beside the unit pass (a fresh run failed so)."""
+    return launcher_free_env(OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), **extra)
+
+
 # Ports a test's own ranks never listen on: the local clusters' job ranges and daemons, and
 # slurmddp's default job range (scripts/slurm-cluster's port plan: 5000-32767).
 _PROJECT_PORTS = range(5000, 32768)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, launcher_free_env, tagged_json
+from tests.conftest import ROOT, lone_rank_env, tagged_json
 from tests.integrations.preempted import Uninterrupted, forked_again, killed_stopped_resumed
 
 pytest.importorskip("accelerate")
@@ -25,7 +25,7 @@ def uninterrupted(tmp_path_factory) -> Uninterrupted:
 def run(tmp_path, steps: int):
     r = subprocess.run([sys.executable, "-m", "slurmddp.run", SCRIPT, "--steps", str(steps),
                         "--checkpoint-dir", str(tmp_path / "ckpt")], capture_output=True,
-                       text=True, env={**launcher_free_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
+                       text=True, env=lone_rank_env())  # fmt: skip
     assert r.returncode == 0, r.stderr
     return tagged_json(r.stdout, "RESULT ")
 
@@ -44,12 +44,12 @@ def test_a_saved_step_resumes_to_the_same_parameters(tmp_path):
         f"runpy.run_path({SCRIPT!r}, run_name='__main__')\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**launcher_free_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
+                       env=lone_rank_env())  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["step-00000025"]
     r = subprocess.run([sys.executable, "-m", "slurmddp.run", SCRIPT, "--steps", "40",
                         "--checkpoint-dir", str(tmp_path / "b")], capture_output=True, text=True,
-                       env={**launcher_free_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
+                       env=lone_rank_env())  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert tagged_json(r.stdout, "RESULT ") == reference
 

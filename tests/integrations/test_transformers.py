@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, launcher_free_env, tagged_json
+from tests.conftest import ROOT, launcher_free_env, lone_rank_env, tagged_json
 from tests.integrations.preempted import (
     Uninterrupted,
     forked_again,
@@ -39,7 +39,7 @@ def test_importing_slurmddp_does_not_import_a_framework():
 def test_an_uninterrupted_run_ends_at_its_last_step(tmp_path):
     r = subprocess.run([sys.executable, "-m", "slurmddp.run", SCRIPT, "--steps", "5",
                         "--output-dir", str(tmp_path / "out")], capture_output=True, text=True,
-                       env={**launcher_free_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
+                       env=lone_rank_env())  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert [x["steps"] for x in tagged_json(r.stdout, "RESULT ")] == [5]
 

@@ -109,7 +109,7 @@ def test_init_takes_the_backend_the_job_was_submitted_with(submitted, call, expe
             print(td.get_backend())
         except PlacementError as e:
             print("ERR", e)
-        """, SLURMDDP_BACKEND=submitted)  # fmt: skip
+        """, SLURMDDP_BACKEND=submitted, MASTER_PORT=str(free_port()))  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(expected), r.stdout
 
@@ -240,7 +240,7 @@ def test_init_after_importing_torch_still_sets_the_ranks_threads():
         before = torch.get_num_threads()
         slurmddp.init("gloo")
         print(before, torch.get_num_threads())
-        """, SLURM_CPUS_PER_TASK="1")  # fmt: skip
+        """, SLURM_CPUS_PER_TASK="1", MASTER_PORT=str(free_port()))  # fmt: skip
     assert r.returncode == 0, r.stderr
     before, after = r.stdout.split()
     assert after == "1" and int(before) >= 1
