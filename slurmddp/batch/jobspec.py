@@ -50,8 +50,10 @@ _MPI_PLUGIN = re.compile(r"[a-z][a-z0-9_]*")
 MANAGED_SBATCH_OPTIONS = {
     "--job-name": "job_name", "-J": "job_name",
     "--nodes": "nodes", "-N": "nodes",
-    "--ntasks-per-node": "ntasks_per_node",
-    "--gpus-per-node": "gpus_per_node",
+    "--ntasks-per-node": "ntasks_per_node", "--ntasks": "ntasks_per_node", "-n": "ntasks_per_node",
+    "--ntasks-per-gpu": "ntasks_per_node",
+    "--gpus-per-node": "gpus_per_node", "--gpus": "gpus_per_node", "-G": "gpus_per_node",
+    "--gpus-per-task": "gpus_per_node",
     "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
     "--mem": "mem",
     "--time": "time", "-t": "time",

@@ -35,8 +35,8 @@ from slurmddp.rank.placement import BACKENDS
 
 __all__ = [
     "BACKENDS", "CONTAINER_RUNTIMES", "DEFAULTS", "ENV_NAME", "GPU_VENDORS", "LAUNCHERS", "OPTIONS",
-    "SIGNALS", "Invalid", "Option", "add_arguments", "by_key", "format_value", "nonempty",
-    "signal_problem", "spec_defaults", "spec_keywords", "toml_key",
+    "SBATCH_REFUSED", "SIGNALS", "Invalid", "Option", "add_arguments", "by_key", "format_value",
+    "nonempty", "sbatch_instead", "signal_problem", "spec_defaults", "spec_keywords", "toml_key",
 ]  # fmt: skip
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
@@ -72,6 +72,14 @@ def signal_problem(name: object) -> str | None:
     """What is wrong with `name` as the stop signal, worded to follow it; None if nothing."""
     if not isinstance(name, str):
         return "must be USR2 or USR1"
+    if "@" in name or name[:2].upper() in ("B:", "R:"):
+        # sbatch's own form, [B:|R:]SIG[@LEAD]: slurmddp writes --signal=B:SIG@LEAD itself.
+        sig, _, lead = name.rpartition(":")[2].partition("@")
+        lead_part = f" and the lead time as signal_lead (--signal-lead {lead})" if lead else ""
+        return (f"must be the signal alone, e.g. {sig!r}{lead_part}: slurmddp writes sbatch's "
+                "--signal=B:SIG@LEAD itself")
+    if name.isdigit():
+        return "must be a signal name, USR2 or USR1 (signal numbers differ between systems)"
     if name.upper().startswith("SIG"):
         return f"must be written without SIG, e.g. {name[3:]!r}"
     if name not in _SIGNAL_NAMES:
@@ -103,6 +111,8 @@ class Option:
     maximum: int | None = None  # counts
     choices: tuple[str, ...] = ()
     flag: str = ""  # default: --key-with-dashes
+    short: str = ""  # sbatch's one-letter name for it (-N), where sbatch has one
+    log_dir: bool = False  # the logs' directory, whose files slurmddp names: no Slurm %-patterns
     param: str = ""  # the build_spec keyword; default: the key
     config: bool = True  # settable in configuration files and profiles
     spec: bool = True  # a build_spec keyword
@@ -191,7 +201,19 @@ def _text(opt: Option, value: object, typed: bool) -> object:
     if not nonempty(value):
         raise Invalid("must be a path (a non-empty string)" if opt.kind == "path" else
                       "must be a non-empty string")  # fmt: skip
+    pattern = _SLURM_PATTERN.search(str(value)) if opt.log_dir else None
+    if pattern:
+        # sbatch's --output is a file pattern; slurmddp's a directory, which a user of sbatch's
+        # "%j.out" would have got literally (a directory named "%j.out").
+        raise Invalid(f"must be a directory, and {pattern[0]!r} is Slurm's filename pattern: "
+                      "slurmddp names the logs in it itself (<job id>.batch.log, "
+                      "<job id>/rank-<rank>.log)")  # fmt: skip
     return value
+
+
+# Slurm's filename patterns (sbatch --output): %j, %x, %A, %a, %N, %u..., zero-padded as %3a, and
+# %% for a percent sign; a % before anything else is a percent sign to Slurm as to slurmddp.
+_SLURM_PATTERN = re.compile(r"%[0-9]*[AabJjNnstux%]")
 
 
 def _bool(opt: Option, value: object, typed: bool) -> object:
@@ -263,18 +285,19 @@ _CHECKS = {
 
 # In the order `slurmddp profiles` shows settings and `--help` lists flags.
 OPTIONS: tuple[Option, ...] = (
-    Option("job_name", "text", "job name", default_help="the script's name", config=False),
-    Option("partition", "text", "Slurm partition"),
-    Option("account", "text", "Slurm account"),
-    Option("qos", "text", "Slurm QOS"),
-    Option("constraint", "text", "node features"),
-    Option("nodes", "nodes", "N or MIN-MAX", default=1, minimum=1),
+    Option("job_name", "text", "job name", default_help="the script's name", config=False,
+           short="-J"),
+    Option("partition", "text", "Slurm partition", short="-p"),
+    Option("account", "text", "Slurm account", short="-A"),
+    Option("qos", "text", "Slurm QOS", short="-q"),
+    Option("constraint", "text", "node features", short="-C"),
+    Option("nodes", "nodes", "N or MIN-MAX", default=1, minimum=1, short="-N"),
     Option("ntasks_per_node", "count", "ranks per node", minimum=1,
            default_help="one per GPU, else 1"),
     Option("gpus_per_node", "count", "GPUs per node", default=0),
-    Option("cpus_per_task", "count", "CPUs per rank", minimum=1),
+    Option("cpus_per_task", "count", "CPUs per rank", minimum=1, short="-c"),
     Option("mem", "slurm", "memory per node, as sbatch --mem"),
-    Option("time", "slurm", "time limit in any Slurm form (M, H:M:S, D-H:M...)"),
+    Option("time", "slurm", "time limit in any Slurm form (M, H:M:S, D-H:M...)", short="-t"),
     Option("signal", "signal", "the signal that warns of preemption or the time limit",
            default=DEFAULT_SIGNAL, choices=SIGNALS),
     Option("signal_lead", "count", "seconds of warning before the time limit",
@@ -314,8 +337,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpu_vendor", "choice", "whose GPUs the nodes have: the container's --nv or --rocm",
            default="nvidia", choices=GPU_VENDORS),
     Option("template", "path", "a Jinja sbatch template of your own", spec=False),
-    Option("output", "path", "directory for job logs", default="slurmddp-jobs",
-           param="output_dir"),
+    Option("output", "path", "directory for job logs (not a file pattern, as sbatch's)",
+           default="slurmddp-jobs", param="output_dir", log_dir=True),
     Option("snapshot", "bool", "run a snapshot of the code taken at submission, so that an edit "
            "after it changes no run of the job, requeued ones included (submit only)",
            default=True),
@@ -373,12 +396,91 @@ def spec_keywords(settings: Iterable[tuple[str, Any]]) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The table's flags on `p`: values kept as typed, absent ones None (dest = the key)."""
     for o in OPTIONS:
+        flags = (o.short, o.flag) if o.short else (o.flag,)
         if not o.takes_value:  # --flag / --no-flag, None when neither is typed
-            p.add_argument(o.flag, dest=o.key, action=argparse.BooleanOptionalAction,
+            p.add_argument(*flags, dest=o.key, action=argparse.BooleanOptionalAction,
                            default=None, help=o.help_text())  # fmt: skip
         elif o.repeated:
             metavar = "NAME=VALUE" if o.kind == "env" else "VALUE"
-            p.add_argument(o.flag, dest=o.key, action="append", metavar=metavar,
+            p.add_argument(*flags, dest=o.key, action="append", metavar=metavar,
                            help=o.help_text())  # fmt: skip
         else:
-            p.add_argument(o.flag, dest=o.key, help=o.help_text())
+            p.add_argument(*flags, dest=o.key, help=o.help_text())
+
+
+# -- sbatch's names --------------------------------------------------------------------------------
+# A name sbatch has means what sbatch means, or is refused with what to use instead: argparse's
+# prefix matching once read --ntasks=8 as --ntasks-per-node=8 and --gpus=4 as --gpus-per-node=4
+# (issue 44). The table's own flags and their `short` names are sbatch's, with sbatch's meaning;
+# SBATCH_REFUSED are those slurmddp does otherwise; the others pass on as --sbatch-arg.
+
+_NTASKS = ("is sbatch's total of tasks, and slurmddp places ranks per node: use --ntasks-per-node "
+           "N with --nodes (8 ranks: --nodes 2 --ntasks-per-node 4)")
+_GPUS = ("is sbatch's total of GPUs, and slurmddp asks for them per node, one rank each: use "
+         "--gpus-per-node N with --nodes (8 GPUs: --nodes 2 --gpus-per-node 4)")
+_PER_GPU = "does not apply: slurmddp runs one rank per GPU; use --gpus-per-node N"
+_ERROR = ("is not needed: the batch shell's output and errors go to DIR/<job id>.batch.log, the "
+          "ranks' to DIR/<job id>/; choose DIR with --output DIR")
+_REQUEUE = ("is slurmddp's to set: it requeues a preempted job itself; --max-requeues N says how "
+            "often (0: never)")
+_WAIT = "is slurmddp submit --follow here: it ends with the job, with the job's exit status"
+
+SBATCH_REFUSED: Mapping[str, str] = types.MappingProxyType({
+    "--ntasks": _NTASKS, "-n": _NTASKS,
+    "--gpus": _GPUS, "-G": _GPUS,
+    "--gpus-per-task": _PER_GPU, "--ntasks-per-gpu": _PER_GPU,
+    "--gres": ("is not taken here: GPUs are --gpus-per-node N; pass any other resource on as "
+               "--sbatch-arg=--gres=NAME:COUNT"),
+    "-o": ("is sbatch's file for the batch log; slurmddp names its logs itself, in the directory "
+           "given by --output DIR (DIR/<job id>.batch.log, DIR/<job id>/rank-<rank>.log)"),
+    "--error": _ERROR, "-e": _ERROR,
+    "--open-mode": "is slurmddp's to set: every run of the job appends to its logs",
+    "--requeue": _REQUEUE, "--no-requeue": _REQUEUE,
+    "--export": "is --env NAME=VALUE here (repeatable), for every rank",
+    "--wrap": ("does not apply: slurmddp runs SCRIPT or -m MODULE on every rank; shell lines to "
+               "run before them go in --setup LINE"),
+    "--wait": _WAIT, "-W": _WAIT,
+    "--parsable": "is slurmddp submit --json here",
+    "--test-only": "is slurmddp submit --dry-run here: it prints the batch script, submits nothing",
+})  # fmt: skip
+
+# sbatch's other options (22.05 to 26.05), passed on untouched by --sbatch-arg: "name/x" has the
+# one-letter name -x, "name?" takes no value or an optional one. Not sbatch's -m (--distribution):
+# slurmddp's -m is Python's, a module to run.
+_SBATCH_OTHER = """
+    acctg-freq array/a batch bb bbf begin/b chdir/D cluster-constraint clusters/M comment
+    container-id contiguous? core-spec/S cores-per-socket cpu-freq cpus-per-gpu deadline delay-boot
+    dependency/d distribution exclude/x exclusive? export-file extra-node-info/B get-user-env?
+    gid gpu-bind gpu-freq gpus-per-socket gres-flags hint hold/H? ignore-pbs? input/i
+    kill-on-invalid-dep licenses/L mail-type mail-user mcs-label mem-bind mem-per-cpu mem-per-gpu
+    mincpus network nice? no-kill/k? nodefile/F nodelist/w ntasks-per-core ntasks-per-socket
+    overcommit/O? oversubscribe/s? power prefer priority propagate? reboot? reservation
+    sockets-per-node spread-job? switches thread-spec threads-per-core time-min tmp tres-bind
+    tres-per-task uid use-min-nodes? wait-all-nodes wckey
+"""
+_SBATCH_LONG: dict[str, bool | str] = {}  # "--array": takes a value; "-a": "--array"
+for _word in _SBATCH_OTHER.split():
+    _name, _, _letter = _word.rstrip("?").partition("/")
+    _SBATCH_LONG["--" + _name] = not _word.endswith("?")
+    if _letter:
+        _SBATCH_LONG["-" + _letter] = "--" + _name
+
+
+def sbatch_instead(arg: str) -> str | None:
+    """What to type instead of `arg` (``--ntasks=8``, ``-n8``, ``--exclusive``), an sbatch option
+    that is none of the table's, in one line; None when sbatch has no such name."""
+    name, eq, value = arg.partition("=") if arg.startswith("--") else (arg[:2], "", arg[2:])
+    if name in SBATCH_REFUSED:
+        return f"{name} {SBATCH_REFUSED[name]}"
+    long = _SBATCH_LONG.get(name)
+    if isinstance(long, str):  # a one-letter name
+        shown, name = f"{name} (sbatch's {long})", long
+    elif long is None:
+        return None
+    else:
+        shown = name
+    if value or eq:
+        name += f"={value}"
+    elif _SBATCH_LONG[name]:
+        name += "=VALUE"
+    return f"{shown} is an sbatch option slurmddp does not set: pass it on as --sbatch-arg={name}"

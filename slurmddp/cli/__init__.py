@@ -17,7 +17,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     from slurmddp.cli import submit as cli_submit
     from slurmddp.rank import doctor
 
-    p = Parser(prog="slurmddp", description="PyTorch distributed training on Slurm and MPI.")
+    # No abbreviations: a prefix of one option may be another's whole name in sbatch (--ntasks
+    # once read as --ntasks-per-node); a near miss gets "did you mean" (slurmddp.cli.submit).
+    p = Parser(
+        prog="slurmddp",
+        description="PyTorch distributed training on Slurm and MPI.",
+        allow_abbrev=False,
+    )
     p.add_argument("--version", action="version", version=f"slurmddp {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands: dict[str, argparse.ArgumentParser] = {
@@ -51,6 +57,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.epilog = help_link("slurmddp")
     for name, command in commands.items():
         command.epilog = help_link(name)
+        command.allow_abbrev = False
     return p, commands
 
 
@@ -73,7 +80,9 @@ def _dispatch(argv: list[str], command: str | None) -> int | str | None:
 
         handler = cli_submit.main_submit if command == "submit" else cli_submit.main_template
         return handler(argv[1:], commands[command])
-    opts = parser.parse_args(argv)
+    opts, unknown = parser.parse_known_args(argv)
+    if unknown:  # a subcommand's: its own parser says so, under its own name
+        commands.get(opts.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     opts.prog = f"slurmddp {opts.command}" if opts.command else "slurmddp"
     if opts.command == "doctor":
         from slurmddp.rank import doctor

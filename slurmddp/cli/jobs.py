@@ -91,12 +91,20 @@ def logs(opts: argparse.Namespace) -> int:
 
 
 def cancel(opts: argparse.Namespace) -> int:
+    """Cancel the jobs still queued or running; a job that had already ended is named with its
+    state, not called cancelled. Exit status 0 once none of them runs, 1 if scancel failed."""
     records = [_record(j, opts.prog) for j in opts.job]
-    try:
-        jobs.cancel(records)
-    except SubmissionError as e:
-        fail(str(e), prog=opts.prog, status=1)
-    print("cancelled " + " ".join(r.job_id for r in records))
+    current = jobs.states(records)
+    ended = [r for r in records if jobs.is_final(current[r.job_id])]
+    live = [r for r in records if r not in ended]
+    if live:
+        try:
+            jobs.cancel(live)
+        except SubmissionError as e:
+            fail(str(e), prog=opts.prog, status=1)
+        print("cancelled " + " ".join(r.job_id for r in live))
+    for r in ended:
+        print(f"job {r.job_id} had already ended ({current[r.job_id]}): nothing to cancel")
     return 0
 
 

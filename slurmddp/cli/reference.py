@@ -111,7 +111,27 @@ def cli_markdown() -> str:
                 "|---|---|---|---|---|"]  # fmt: skip
         out += ["| " + " | ".join(_row(a, table.get(a.dest))) + " |" for a in actions]
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + _sbatch_names())
+
+
+def _sbatch_names() -> list[str]:
+    """The section on sbatch's option names: those `submit` refuses, and why."""
+    shared = ", ".join(f"`{o.short}`" for o in options.OPTIONS if o.short)
+    out = ["## sbatch's option names {#sbatch-names}", "",
+           "An option of `submit` and `template` named as sbatch names one means what it means "
+           f"in sbatch, its one-letter names too ({shared}). These sbatch names are refused, "
+           "with what to type instead; any other sbatch option is refused with the "
+           "`--sbatch-arg` that passes it on (`--exclusive`: `--sbatch-arg=--exclusive`). No "
+           "option is abbreviated: a near miss is refused with the option it is nearest to. "
+           "`--output` is the logs' directory, not sbatch's file pattern: Slurm's filename "
+           "patterns (`%j`, `%x`...) are refused in it. `-m` is Python's (a module to run), not "
+           "sbatch's `--distribution`; `template -o` is the file the script is written to.", "",
+           "| sbatch's option | in slurmddp |", "|---|---|"]  # fmt: skip
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in options.SBATCH_REFUSED.items():
+        by_reason.setdefault(reason, []).append(f"`{name}`")
+    out += [f"| {', '.join(names)} | {_cell(reason)} |" for reason, names in by_reason.items()]
+    return [*out, ""]
 
 
 # -- the environment variables -------------------------------------------------------------------

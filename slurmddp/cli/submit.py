@@ -7,6 +7,7 @@ is a one-line error with exit status 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -85,9 +86,8 @@ def split_target(argv: Sequence[str], *, command: str) -> tuple[list[str], list[
     An option's value is glued to it (``--sbatch-arg=--exclusive``) so that argparse takes a
     value that starts with a dash as a value, not as an unknown option.
     """
-    takes_value = {o.flag for o in options.OPTIONS if o.takes_value} | {
-        name for f in _FLAGS if command in f.commands and f.takes_value for name in f.flags
-    }
+    takes_value = {n for o in options.OPTIONS if o.takes_value for n in (o.flag, o.short) if n}
+    takes_value |= {n for f in _FLAGS if command in f.commands and f.takes_value for n in f.flags}
     own: list[str] = []
     i = 0
     while i < len(argv):
@@ -105,6 +105,47 @@ def split_target(argv: Sequence[str], *, command: str) -> tuple[list[str], list[
             own.append(arg)
             i += 1
     return own, []
+
+
+def _names(command: str) -> set[str]:
+    """Every option name of `command`, as argparse takes it whole (it abbreviates none)."""
+    names = {"-h", "--help"} | {name for f in _FLAGS if command in f.commands for name in f.flags}
+    for o in options.OPTIONS:
+        names |= {o.flag, o.short} - {""}
+        if not o.takes_value:
+            names.add("--no-" + o.flag.removeprefix("--"))
+    return names
+
+
+def check_names(own: Sequence[str], parser: argparse.ArgumentParser, *, command: str) -> None:
+    """Refuse in one line an option `command` does not have: an sbatch name with what to type
+    instead, anything else with the option it is nearest to."""
+    names = _names(command)
+    for i, arg in enumerate(own):
+        if not arg.startswith("-") or own[i - 1 : i] == ["-m"]:
+            continue
+        name = arg.partition("=")[0] if arg.startswith("--") else arg[:2]
+        if name in names:
+            continue
+        instead = options.sbatch_instead(arg)
+        if instead is not None:
+            fail(instead, prog=parser.prog)
+        parser.error(f"unrecognized arguments: {name}{_near(name, names)}")
+
+
+def _near(name: str, names: set[str]) -> str:
+    """``; did you mean --nodes?`` for --node (sbatch's refused names too, with why), or ""."""
+    if not name.startswith("--"):
+        return ""
+    longs = sorted(n for n in {*names, *options.SBATCH_REFUSED} if n.startswith("--"))
+    # Compared without the dashes, which every candidate shares.
+    close = difflib.get_close_matches(name[2:], [n[2:] for n in longs], n=1, cutoff=0.8)
+    meant = [f"--{close[0]}"] if close else [n for n in longs if n.startswith(name)]
+    if not meant or len(meant) > 3:
+        return ""
+    if meant[0] in options.SBATCH_REFUSED:
+        return f"; did you mean {meant[0]}? {options.sbatch_instead(meant[0])}"
+    return f"; did you mean {', '.join(meant[:-1]) + ' or ' if meant[1:] else ''}{meant[-1]}?"
 
 
 def build(
@@ -145,6 +186,7 @@ def build(
 def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     prog = parser.prog
     own, rest = split_target(argv, command="submit")
+    check_names(own, parser, command="submit")
     opts = parser.parse_args(own)
     spec, script, template = build(opts, rest, preview=opts.dry_run)
     if opts.dry_run:
@@ -181,6 +223,7 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
 
 def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     own, rest = split_target(argv, command="template")
+    check_names(own, parser, command="template")
     opts = parser.parse_args(own)
     _, script, _ = build(opts, rest)
     if opts.output_file:

@@ -469,7 +469,8 @@ def test_unknown_profile_lists_the_available_ones(tmp_path, home):
         ('backend = "ncl"', 'backend = "ncl" must be one of auto, nccl, gloo, mpi'),
         ("time = [1]", "time = [1] must be a Slurm value such as"),
         ("mem = -1", 'mem = -1 must be a Slurm value such as "64G" or "02:00:00", or an integer'),
-        ('signal = "USR1@60"', 'signal = "USR1@60" is not a signal name Slurm knows: use USR2'),
+        ('signal = "USR1@60"', 'signal = "USR1@60" must be the signal alone, e.g. \'USR1\' and '
+         'the lead time as signal_lead (--signal-lead 60)'),
         ('signal = "HUP"', 'signal = "HUP" cannot warn the ranks: srun answers it by killing'),
         ("signal = 12", "signal = 12 must be USR2 or USR1"),
         ('partition = ""', 'partition = "" must be a non-empty string'),

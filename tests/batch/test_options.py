@@ -133,3 +133,85 @@ def test_build_raises_and_leaves_reporting_to_the_command(tmp_path, monkeypatch)
 
 def test_the_command_line_reads_no_private_argparse_state():
     assert "_actions" not in inspect.getsource(cli_submit)
+
+
+# ---- sbatch's names (issue 44) ---------------------------------------------------------------
+
+# sbatch's one-letter options (its man page), for the options the table shares with it.
+SBATCH_SHORT = {
+    "-J": "--job-name",
+    "-p": "--partition",
+    "-A": "--account",
+    "-q": "--qos",
+    "-C": "--constraint",
+    "-N": "--nodes",
+    "-c": "--cpus-per-task",
+    "-t": "--time",
+}
+
+
+def test_the_short_options_are_sbatchs_for_the_same_option():
+    assert {o.short: o.flag for o in TABLE if o.short} == SBATCH_SHORT
+
+
+@pytest.mark.parametrize("opt", TABLE, ids=IDS)
+@pytest.mark.parametrize("command", ["submit", "template"])
+def test_argparse_abbreviates_no_flag(opt, command):
+    # Once, --ntasks=8 was read as --ntasks-per-node=8: a prefix is no name.
+    parser = build_parser()[1][command]
+    prefix = opt.flag[:-1]
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"{prefix}=1" if opt.takes_value else prefix])
+
+
+def test_sbatchs_names_are_the_tables_or_refused_never_both():
+    ours = {name for o in TABLE for name in (o.flag, o.short) if name}
+    assert not ours & set(options.SBATCH_REFUSED)
+    for name in options.SBATCH_REFUSED:
+        assert options.sbatch_instead(name) == f"{name} {options.SBATCH_REFUSED[name]}"
+    for name in ours:
+        assert options.sbatch_instead(name) is None, name  # sbatch's meaning: not refused
+
+
+@pytest.mark.parametrize(("typed", "says"), [
+    ("--exclusive", "--exclusive is an sbatch option slurmddp does not set: pass it on as "
+                    "--sbatch-arg=--exclusive"),
+    ("--reservation", "pass it on as --sbatch-arg=--reservation=VALUE"),
+    ("--reservation=r1", "pass it on as --sbatch-arg=--reservation=r1"),
+    ("-wnode1", "-w (sbatch's --nodelist) is an sbatch option slurmddp does not set: pass it on "
+                "as --sbatch-arg=--nodelist=node1"),
+    ("-H", "-H (sbatch's --hold) is an sbatch option slurmddp does not set: pass it on as "
+           "--sbatch-arg=--hold"),
+    ("-n8", "-n is sbatch's total of tasks"),
+])  # fmt: skip
+def test_sbatchs_other_options_are_passed_on_with_sbatch_arg(typed, says):
+    assert says in options.sbatch_instead(typed)
+
+
+def test_no_sbatch_name_is_taken_for_an_unknown_one():
+    assert options.sbatch_instead("--bogus") is None and options.sbatch_instead("-z") is None
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    ("logs", True), ("/scratch/runs/100%", True), ("5%off", True), ("%j.out", False),
+    ("logs/%x-%A_%a", False), ("logs/%3a", False), ("100%%", False), ("runs/%u", False),
+])  # fmt: skip
+def test_the_log_directory_refuses_slurms_filename_patterns(value, ok, tmp_path):
+    output = options.by_key("output")
+    if ok:
+        assert output.check(value) == value
+    else:
+        with pytest.raises(options.Invalid, match=r"^must be a directory, and '%.*' is Slurm's "):
+            output.check(value)
+    assert options.by_key("template").check(value) == value  # a template's name may be anything
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("USR1@60", "must be the signal alone, e.g. 'USR1' and the lead time as signal_lead "
+                "(--signal-lead 60)"),
+    ("B:USR2@90", "must be the signal alone, e.g. 'USR2' and the lead time as signal_lead"),
+    ("R:USR1", "must be the signal alone, e.g. 'USR1': slurmddp writes"),
+    ("12", "must be a signal name, USR2 or USR1"),
+])  # fmt: skip
+def test_sbatchs_signal_form_is_refused_naming_signal_lead(name, says):
+    assert options.signal_problem(name).startswith(says)

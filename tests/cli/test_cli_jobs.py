@@ -164,3 +164,57 @@ def test_ctrl_c_during_submit_follow_leaves_the_job_running_and_says_so(tmp_path
     assert "Traceback" not in err and err.count("\n") == 1, err
     assert "stopped following job 4242; the job goes on (PENDING): slurmddp status" in err
     assert not (tmp_path / "calls.log").read_text().count("scancel")
+
+
+# ---- cancel and the commands' errors (issue 44) ----------------------------------------------
+
+
+def test_cancel_of_an_ended_job_says_so_and_cancels_only_the_others(tmp_path):
+    env = fakes(tmp_path, sacct="echo '5|5|COMPLETED'; echo '6|6|RUNNING'", scancel="exit 0")
+    register(tmp_path, "5")
+    register(tmp_path, "6")
+    r = slurmddp("cancel", "5", "6", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == [
+        "cancelled 6",
+        "job 5 had already ended (COMPLETED): nothing to cancel",
+    ]
+    assert "scancel 6" in (tmp_path / "calls.log").read_text().splitlines()
+    alone = slurmddp("cancel", "5", env=env, cwd=tmp_path)
+    assert alone.stdout == "job 5 had already ended (COMPLETED): nothing to cancel\n"
+    assert (tmp_path / "calls.log").read_text().count("scancel") == 1  # none for an ended job
+
+
+def test_cancel_of_an_ended_local_job_says_so(tmp_path):
+    # No process has this id (above Linux's pid_max): the job's controller has ended.
+    r = jobs.JobRecord(job_id="999999999", folder=str(tmp_path / "out"), name="x", engine="local",
+                       tasks=1, submitted=0.0)  # fmt: skip
+    jobs.remember(r, {"XDG_STATE_HOME": str(tmp_path / "state")})
+    (tmp_path / "out").mkdir()
+    jobs.local_exit_path(r.folder, r.job_id).write_text("0\n")
+    out = slurmddp("cancel", r.job_id, env=fakes(tmp_path), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "job 999999999 had already ended (COMPLETED): nothing to cancel\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "--bogus"],
+        ["status", "-x", "5"],
+        ["logs", "5", "--bogus"],
+        ["cancel", "5", "--all"],
+        ["profiles", "--bogus"],
+        ["doctor", "--bogus"],
+    ],
+)
+def test_a_commands_errors_are_prefixed_with_the_command(argv, tmp_path):
+    r = slurmddp(*argv, env=fakes(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"slurmddp {argv[0]}: error: unrecognized arguments: "), r.stderr
+    assert r.stderr.endswith(f"(see slurmddp {argv[0]} --help)\n"), r.stderr
+
+
+def test_status_abbreviates_no_option(tmp_path):
+    r = slurmddp("status", "--verb", env=fakes(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "unrecognized arguments: --verb" in r.stderr, r.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,8 @@ def test_profiles_come_from_the_project_file(tmp_path):
         (["--sbatch-arg", "--exclusive", "t.py"], ["--sbatch-arg=--exclusive"], ["t.py"]),
         (["--env=A=1", "t.py"], ["--env=A=1"], ["t.py"]),
         (["--", "-weird.py"], [], ["-weird.py"]),
+        (["-N", "2", "t.py", "-N", "3"], ["-N=2"], ["t.py", "-N", "3"]),
+        (["-t", "-5", "-J", "--x", "t.py"], ["-t=-5", "-J=--x"], ["t.py"]),
     ],
 )
 def test_arguments_after_the_script_are_the_scripts(argv, own, rest):
@@ -217,3 +220,116 @@ def test_max_restarts_reaches_torchrun_from_the_command_line_or_a_profile(tmp_pa
                  state=state)  # fmt: skip
     assert r.returncode == 2
     assert "max_restarts=1 needs launcher torchrun" in r.stderr
+
+
+# ---- sbatch's names (issue 44): each means what it means in sbatch, or is refused ----------------
+
+
+def in_process(argv: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[object, str, str]:
+    """``slurmddp ARGV`` run here, in `tmp_path` with a train.py: (status, stdout, stderr)."""
+    from slurmddp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("SLURMDDP_PROFILES", raising=False)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+SHORT = [  # sbatch's short options, as users type them by habit: sbatch's meaning
+    (["-N", "2"], "#SBATCH --nodes=2\n"),
+    (["-N2"], "#SBATCH --nodes=2\n"),
+    (["-t", "1:00:00"], "#SBATCH --time=60\n"),
+    (["-t30"], "#SBATCH --time=30\n"),
+    (["-p", "gpu"], "#SBATCH --partition=gpu\n"),
+    (["-A", "proj-42"], "#SBATCH --account=proj-42\n"),
+    (["-J", "my-run"], "#SBATCH --job-name=my-run\n"),
+    (["-c", "8"], "#SBATCH --cpus-per-task=8\n"),
+    (["-q", "high"], "#SBATCH --qos=high\n"),
+    (["-C", "a100"], "#SBATCH --constraint=a100\n"),
+]
+
+
+@pytest.mark.parametrize(("argv", "line"), SHORT, ids=[" ".join(a) for a, _ in SHORT])
+def test_sbatchs_short_options_mean_what_they_mean_in_sbatch(argv, line, tmp_path, monkeypatch,
+                                                             capsys):  # fmt: skip
+    status, out, err = in_process(["submit", "--dry-run", *argv, "train.py"], tmp_path,
+                                  monkeypatch, capsys)  # fmt: skip
+    assert status == 0, err
+    assert line in out
+
+
+REFUSED = [  # (argv, what stderr says): one line, exit status 2, nothing rendered or queued
+    # sbatch's name for another quantity, which prefix matching once read as a per-node one
+    (["--nodes", "2", "--ntasks=8"], r"--ntasks is sbatch's total of tasks, and slurmddp places "
+                                     r"ranks per node: use --ntasks-per-node N with --nodes"),
+    (["--ntasks", "8"], r"--ntasks is sbatch's total of tasks"),
+    (["-n", "8"], r"-n is sbatch's total of tasks.*--ntasks-per-node"),
+    (["--gpus=4"], r"--gpus is sbatch's total of GPUs.*use --gpus-per-node N with --nodes"),
+    (["-G", "4"], r"-G is sbatch's total of GPUs"),
+    (["--gpus-per-task=1"], r"--gpus-per-task does not apply: slurmddp runs one rank per GPU"),
+    (["--sbatch-arg=--ntasks=8"], r"sets --ntasks, which slurmddp writes itself from "
+                                  r"ntasks_per_node"),
+    # the logs: slurmddp's --output is their directory
+    (["--output=%j.out"], r"""--output = "%j.out" must be a directory, and '%j' is Slurm's """
+                          r"filename pattern"),
+    (["--output", "logs/%x-%3a"], r"'%x' is Slurm's filename pattern"),
+    (["-o", "%j.out"], r"-o is sbatch's file for the batch log.*--output DIR"),
+    (["--error=%j.err"], r"--error is not needed.*--output DIR"),
+    # slurmddp's own business, with the option that does it
+    (["--no-requeue"], r"--max-requeues N says how often \(0: never\)"),
+    (["--signal=USR1@60"], r"must be the signal alone, e.g. 'USR1' and the lead time as "
+                           r"signal_lead \(--signal-lead 60\)"),
+    (["--wait"], r"--wait is slurmddp submit --follow here"),
+    # sbatch's others go through --sbatch-arg
+    (["--exclusive"], r"--exclusive is an sbatch option slurmddp does not set: pass it on as "
+                      r"--sbatch-arg=--exclusive$"),
+    (["--array=0-3"], r"pass it on as --sbatch-arg=--array=0-3$"),
+    (["-w", "node1"], r"-w \(sbatch's --nodelist\) is an sbatch option .*"
+                      r"--sbatch-arg=--nodelist=VALUE$"),
+    # near misses: no abbreviation, "did you mean" instead
+    (["--node", "2"], r"unrecognized arguments: --node; did you mean --nodes\?"),
+    (["--part", "gpu"], r"unrecognized arguments: --part; did you mean --partition\?"),
+    (["--partiton", "gpu"], r"unrecognized arguments: --partiton; did you mean --partition\?"),
+    (["--gpus-per-nod=2"], r"--gpus-per-nod; did you mean --gpus-per-node\?"),
+    (["--ntask=8"], r"--ntask; did you mean --ntasks\? --ntasks is sbatch's total of tasks"),
+    (["--snap"], r"--snap; did you mean --snapshot, --snapshot-max-files or --snapshot-max-mib\?"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+@pytest.mark.parametrize("command", ["submit", "template"])
+def test_an_sbatch_name_of_other_meaning_or_a_near_miss_is_refused(argv, says, command,
+                                                                   tmp_path, monkeypatch,
+                                                                   capsys):  # fmt: skip
+    if command == "template" and argv[0] == "-o":
+        pytest.skip("template's own -o: the file to write the script to")
+    status, out, err = in_process([command, *argv, "train.py"], tmp_path, monkeypatch, capsys)
+    assert status == 2 and out == "", err
+    assert err.startswith(f"slurmddp {command}: error: ") and err.count("\n") == 1, err
+    assert re.search(says, err.removesuffix(f" (see slurmddp {command} --help)\n").rstrip()), err
+    assert not (tmp_path / "state" / "slurmddp").exists()  # nothing submitted
+
+
+def test_the_scripts_own_arguments_stay_the_scripts(tmp_path, monkeypatch, capsys):
+    mine = ["--nodes", "3", "-N", "4", "--ntasks=8", "--node", "-o", "x"]
+    status, out, err = in_process(["submit", "--dry-run", "--no-snapshot", "-N", "2", "train.py",
+                                   *mine], tmp_path, monkeypatch, capsys)  # fmt: skip
+    assert status == 0, err
+    assert "#SBATCH --nodes=2\n" in out
+    line = next(x for x in out.splitlines() if " -m slurmddp.run " in x)
+    assert shlex.split(line.split(" -m slurmddp.run ")[1]) == ["train.py", *mine]
+
+
+def test_the_template_takes_the_short_options_too(tmp_path, monkeypatch, capsys):
+    status, _, err = in_process(["template", "-N", "2", "-t", "5", "-o", "job.sh", "train.py"],
+                                tmp_path, monkeypatch, capsys)  # fmt: skip
+    assert status == 0, err
+    assert "#SBATCH --nodes=2\n#SBATCH" in (tmp_path / "job.sh").read_text()
+    assert "#SBATCH --time=5\n" in (tmp_path / "job.sh").read_text()
