@@ -49,6 +49,11 @@ HANG_DIR_VAR: Final = "SLURMDDP_HANG_DIR"
 # The job's code snapshot (slurmddp.batch.snapshot): the runner imports `-m` targets from it first.
 CODE_DIR_VAR: Final = "SLURMDDP_CODE_DIR"
 
+# -- a checkpoint directory's names (slurmddp.checkpoint.layout), which code snapshots leave out --
+
+CHECKPOINT_POINTER: Final = "latest"  # one line: the name of the newest checkpoint beside it
+CHECKPOINT_MANIFEST: Final = "manifest.json"  # written last into every checkpoint
+
 # -- the files through which the ranks and the batch shell talk, in <output dir>/<job id>/ -----
 
 REQUEUE_FILE_VAR: Final = "SLURMDDP_REQUEUE_FILE"  # rank 0: the ranks stopped and checkpointed

@@ -10,15 +10,17 @@ What is copied, the *root*: the git work tree that holds the script (for ``-m``:
 directory), its tracked files as they are in the work tree and its untracked files that .gitignore
 does not exclude; outside git, the script's directory (``-m``: the working directory), all of it.
 Never copied: the job output directory, directories tagged as caches (CACHEDIR.TAG, as every
-``snapshots`` directory is), virtual environments, ``__pycache__``. Symbolic links stay links: one
-to something copied points at its copy, any other where it did (absolute), so nothing outside
-the tree, or left out of it, is copied.
+``snapshots`` directory is), virtual environments, checkpoint directories (a `Checkpointer`'s: its
+``latest`` pointer names a checkpoint beside it that has a manifest), ``__pycache__``. Symbolic
+links stay links: one to something copied points at its copy, any other where it did (absolute),
+so nothing outside the tree, or left out of it, is copied.
 Files keep their execute bits and are made read-only: a snapshot is shared by every job of the
 same code (it is named by its content), so it must not change.
 
 The snapshot appears whole or not at all (written under a temporary name, then renamed) and is
 never world-writable; it is bounded (`JobSpec.snapshot_max_mib`, `snapshot_max_files`): a larger
-one is refused with one line saying what to do, before anything is queued.
+one is refused with one line naming its largest entries and saying what to do, before
+anything is queued.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 from slurmddp import files
 from slurmddp.batch.jobspec import JobSpec
 from slurmddp.errors import SnapshotError, warn
+from slurmddp.protocol import CHECKPOINT_MANIFEST, CHECKPOINT_POINTER
 
 SNAPSHOTS = "snapshots"  # <output dir>/snapshots/<digest>/
 DIGEST_CHARS = 16  # of the sha256: enough to never meet two snapshots of different code
@@ -49,6 +52,7 @@ _TAG_TEXT = (
 )
 _SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
 _MIB = 1024 * 1024
+_NAMED = 3  # the largest entries a refusal over the bounds names
 _CHUNK = 1024 * 1024
 
 
@@ -118,13 +122,18 @@ def plan(spec: JobSpec, cwd: str | os.PathLike[str] | None = None,
     root = top_level or base
     entries: dict[str, Entry] = {}
     size = 0
+    tops: dict[str, list[int]] = {}  # each top-level entry ("dir/" or file): [files, bytes]
     for rel, st in _candidates(root, top_level is not None, Path(spec.output_dir)):
         entry = _entry(root, rel, st)
         if entry is None:
             continue
         entries[rel] = entry
         size += st.st_size if entry.link is None else 0
-        _check_bounds(spec, root, top_level is not None, len(entries), size)
+        first, sep, _ = rel.partition("/")
+        counted = tops.setdefault(first + sep, [0, 0])
+        counted[0] += 1
+        counted[1] += st.st_size if entry.link is None else 0
+        _check_bounds(spec, root, top_level is not None, len(entries), size, tops)
     _point_links_at_what_is_copied(root, entries)
     script_rel = None
     if script is not None:  # even when ignored or untracked: the job cannot run without it
@@ -184,6 +193,7 @@ def _candidates(root: Path, git: bool, output_dir: Path) -> Iterator[tuple[str, 
             or os.path.realpath(full) in excluded
             or _is_cache(full)
             or _is_environment(full)
+            or _holds_checkpoints(full)
         )
         tagged[rel_dir] = value
         return value
@@ -234,6 +244,18 @@ def _is_environment(directory: Path) -> bool:
     return (directory / "pyvenv.cfg").is_file() or (directory / "conda-meta").is_dir()
 
 
+def _holds_checkpoints(directory: Path) -> bool:
+    # A Checkpointer's directory (slurmddp.checkpoint.layout): training state, often large, that
+    # a job's code must not carry into the next job.
+    try:
+        with open(directory / CHECKPOINT_POINTER, "rb") as f:
+            name = os.fsdecode(f.read(256).strip())
+    except OSError:
+        return False
+    return bool(name) and "/" not in name and name not in (".", "..") \
+        and (directory / name / CHECKPOINT_MANIFEST).is_file()  # fmt: skip
+
+
 def _is_cache(directory: Path) -> bool:
     try:
         with open(directory / CACHEDIR_TAG, "rb") as f:
@@ -258,17 +280,30 @@ def _entry(root: Path, rel: str, st: os.stat_result) -> Entry | None:
     return Entry(rel, link=target)  # out of the tree: not followed, it points where it did
 
 
-def _check_bounds(spec: JobSpec, root: Path, git: bool, count: int, size: int) -> None:
+def _check_bounds(spec: JobSpec, root: Path, git: bool, count: int, size: int,
+                  tops: dict[str, list[int]]) -> None:  # fmt: skip
+    """Refuse a snapshot over its bounds, naming its largest top-level entries (`tops`: each
+    one's files and bytes, as far as listed)."""
     if count > spec.snapshot_max_files:
         over, option = f"hold more than {spec.snapshot_max_files} files", "--snapshot-max-files"
+        largest = sorted(tops.items(), key=lambda kv: (-kv[1][0], kv[0]))[:_NAMED]
+        named = ", ".join(f"{name} {files} file{'s' * (files > 1)}"
+                          for name, (files, _) in largest)  # fmt: skip
     elif size > spec.snapshot_max_mib * _MIB:
         over, option = f"be larger than {spec.snapshot_max_mib} MiB", "--snapshot-max-mib"
+        largest = sorted(tops.items(), key=lambda kv: (-kv[1][1], kv[0]))[:_NAMED]
+        named = ", ".join(f"{name} {_size(size)}" for name, (_, size) in largest)
     else:
         return
     keep_out = ("list what is not code in its .gitignore" if git else
                 "move what is not code (data, environments) out of it")  # fmt: skip
-    raise SnapshotError(f"the snapshot of the code in {str(root)!r} would {over}: {keep_out}, "
-                        f"raise {option}, or submit with --no-snapshot")  # fmt: skip
+    raise SnapshotError(f"the snapshot of the code in {str(root)!r} would {over} (the largest: "
+                        f"{named}): {keep_out}, raise {option}, or submit with --no-snapshot"
+                        )  # fmt: skip
+
+
+def _size(n: int) -> str:
+    return f"{n / _MIB:.1f} MiB" if n >= _MIB else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
 # --- its name and its copy ----------------------------------------------------------------------

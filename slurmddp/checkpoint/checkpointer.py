@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp import dist
-from slurmddp.checkpoint import layout, loading, modes, ranks, snapshots
-from slurmddp.checkpoint.loading import Checkpoint
+from slurmddp.checkpoint import layout, loading, manifest, modes, ranks, snapshots
+from slurmddp.checkpoint.loading import Checkpoint, Runs
 from slurmddp.checkpoint.state import check_state, check_step
-from slurmddp.errors import CheckpointError
+from slurmddp.errors import CheckpointError, warn
+from slurmddp.protocol import RUN_ID_VAR
+from slurmddp.rank.identity import run_id
 
 
 class Checkpointer:
@@ -54,6 +56,14 @@ class Checkpointer:
     multiples of N, the same on every rank) when they would take more than `snapshot_budget` of
     the training's time (default 2%; None: every N-th step whatever it costs);
     `snapshot_interval` says the spacing in use.
+
+    `load_latest` resumes only this run's checkpoints (`slurmddp.run_id`: a Slurm job and its
+    requeues, an array task, a torchrun launch's --rdzv-id; a manifest records its run, or that
+    it had none): a new job in the same directory starts from scratch, saying which checkpoint
+    it passed over. ``resume_from`` asks for another's state when this run has none of its own:
+    a run id (that run's newest checkpoint in `directory`), or a path (a checkpoint directory's
+    newest checkpoint, of any run, or one step-* checkpoint). Setting $SLURMDDP_RUN_ID to another
+    run's id instead makes this job that run, continued.
     """
 
     def __init__(
@@ -67,6 +77,7 @@ class Checkpointer:
         snapshot_every: int = 0,
         snapshot_keep: int = 2,
         snapshot_budget: float | None = 0.02,
+        resume_from: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be a positive integer, not {keep!r}")
@@ -74,7 +85,11 @@ class Checkpointer:
         if sharded and snapshot_every:
             raise ValueError("snapshots keep replicated states only: use snapshot_every with "
                              "sharded=False, or durable sharded checkpoints alone")  # fmt: skip
+        if resume_from is not None and (not isinstance(resume_from, str | os.PathLike)
+                                        or not os.fspath(resume_from).strip()):  # fmt: skip
+            raise ValueError(f"resume_from must be a run id or a path, not {resume_from!r}")
         self.directory = Path(directory).expanduser().absolute()
+        self.resume_from = resume_from
         self.keep = keep
         self.sharded = sharded
         self.async_save = async_save
@@ -158,7 +173,9 @@ class Checkpointer:
         return layout.step_of(name)
 
     def load_latest(self, into: dict | None = None, map_location: Any = "cpu") -> Checkpoint | None:
-        """Load the checkpoint `latest` names, falling back to older ones; None on a fresh start.
+        """Load this run's checkpoint `latest` names, falling back to older ones (then to
+        `resume_from`'s); None on a fresh start. Rank 0 prints one line: the step, the run and the
+        path it resumes from, or the newest checkpoint of another run it passed over.
 
         A checkpoint that is missing, truncated or corrupt is reported in one line on stderr and
         the next newest (by step) is tried. Raises CheckpointError when checkpoints exist but
@@ -174,14 +191,71 @@ class Checkpointer:
             self._mode.join_local()  # our own async save is on disk before we look; its error stays
         else:
             self._mode.settle()
-        if self._snapshots is not None:
-            found = self._snapshots.recover(self.latest_step, map_location)
+        run = run_id()
+        own = Runs(accept=(run,))
+        if self._snapshots is not None:  # this job's own, in its nodes' memory
+            durable = loading.newest_step(self.directory, own) if ranks.leads() else None
+            found = self._snapshots.recover(durable, map_location)
             if found is not None:
+                _resuming(found, run)
                 return found
+        loaded = self._load(self.directory, own, into, map_location)
+        if loaded is None and self.resume_from is not None:
+            loaded = self._load_asked(into, map_location)
+        if loaded is not None:
+            _resuming(loaded, loaded.run_id)
+        elif own.passed is not None:
+            path, other, step = own.passed
+            ask = f"resume_from={other!r}" if other else f"resume_from='{path}'"
+            chain = f" (a new run from its state), or set {RUN_ID_VAR}={other} (that run, " \
+                    "continued)" if other else ""  # fmt: skip
+            warn(f"not resuming {path} (step {step}): it was saved "
+                 f"{f'by run {other}' if other else 'without a run id'}, and this is "
+                 f"{f'run {run}' if run else 'no run'}; starting from scratch. To resume it, "
+                 f"pass Checkpointer({ask}){chain}")  # fmt: skip
+        return loaded
+
+    def _load(self, directory: Path, runs: Runs, into: dict | None,
+              map_location: Any) -> Checkpoint | None:  # fmt: skip
         if self.sharded:
-            return loading.load_sharded(self.directory, verify=self.verify, into=into)
-        return loading.load_replicated(self.directory, verify=self.verify, into=into,
-                                       map_location=map_location)  # fmt: skip
+            return loading.load_sharded(directory, verify=self.verify, into=into, runs=runs)
+        return loading.load_replicated(directory, verify=self.verify, into=into,
+                                       map_location=map_location, runs=runs)  # fmt: skip
+
+    def _load_asked(self, into: dict | None, map_location: Any) -> Checkpoint:
+        """`resume_from`'s checkpoint; CheckpointError (on every rank) when it has none."""
+        asked = self.resume_from
+        assert asked is not None
+        text = os.fspath(asked).strip()
+        if _names_a_path(asked):
+            path = Path(text).expanduser().absolute()
+            if (path / manifest.MANIFEST).is_file():  # one checkpoint
+                loaded = self._load(path.parent, Runs(only=path.name), into, map_location)
+            else:
+                loaded = self._load(path, Runs(), into, map_location)
+            why = "it holds no checkpoint" if path.exists() else "it does not exist"
+            where = f"{path}: {why}; give resume_from a checkpoint directory or one of its step-*"
+        else:
+            loaded = self._load(self.directory, Runs(accept=(text,)), into, map_location)
+            where = (f"run {text}: {self.directory} holds no checkpoint of it; give resume_from "
+                     f"the run id a manifest records, or a path (./{text} for one here)")
+        if loaded is None:
+            raise CheckpointError(f"cannot resume from {where}")
+        return loaded
+
+
+def _names_a_path(asked: str | os.PathLike[str]) -> bool:
+    """Whether `resume_from` names a path (else a run id, which has no / and is no file here)."""
+    text = os.fspath(asked).strip()
+    return not isinstance(asked, str) or "/" in text or text.startswith(("~", ".")) \
+        or os.path.lexists(text)  # fmt: skip
+
+
+def _resuming(loaded: Checkpoint, run: str | None) -> None:
+    """Rank 0's one line saying what is resumed: the step, the run that saved it, the path."""
+    if ranks.leads():
+        warn(f"resuming from step {loaded.step} "
+             f"{f'of run {run}' if run else '(saved without a run id)'}: {loaded.path}")
 
 
 def _preemption():  # the stop protocol's state, imported late: it is not needed to checkpoint

@@ -16,8 +16,9 @@ from pathlib import Path
 from slurmddp import files as fs
 from slurmddp.checkpoint.background import Background
 from slurmddp.errors import CheckpointError, one_line, warn
+from slurmddp.protocol import CHECKPOINT_POINTER
 
-POINTER = "latest"
+POINTER = CHECKPOINT_POINTER
 # How long the last save took, from its start to its publication (the stop protocol's deadline).
 SAVE_TIME = "save-time.json"
 _STEP_DIR = re.compile(r"step-(\d{8,})")

@@ -3,6 +3,9 @@
 With a process group, rank 0 chooses (verifying, and for replicated checkpoints loading) and
 tells the others its outcome and the name; every rank then loads that one, so no rank resumes
 from another step than the others. Errors travel as an outcome code, never as a text.
+
+A load takes the checkpoints of the runs it is given (`Runs`: the Checkpointer gives this run's
+id, so that a new job never continues another's training unasked) and passes over the others.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from slurmddp.checkpoint import dcp as safe_dcp
 from slurmddp.checkpoint import layout, manifest, ranks
 from slurmddp.checkpoint import state as states
 from slurmddp.checkpoint.background import Background
-from slurmddp.checkpoint.manifest import Manifest
+from slurmddp.checkpoint.manifest import Manifest, run_id_of
 from slurmddp.checkpoint.ranks import Outcome
 from slurmddp.errors import CheckpointError, one_line, warn
 
@@ -39,14 +42,38 @@ class Checkpoint:
     run_id: str | None = None
 
 
-def first_valid(directory: Path, attempt: Attempt[T], *, verify: bool, sharded: bool,
-                hashes: bool = True) -> T | None:  # fmt: skip
-    """What `attempt` gives for the newest checkpoint that verifies and that it accepts; None
-    when there is no checkpoint at all.
+@dataclasses.dataclass
+class Runs:
+    """Whose checkpoints a load takes: those whose manifest records one of `accept` (None among
+    them: a manifest recording no run), or any when `accept` is None; `only`: that checkpoint's
+    name alone. After the load, `passed` is the newest checkpoint of another run it passed over
+    (path, run, step), on the rank that chose (rank 0)."""
 
-    Tries them in `layout.load_order`, printing why each one was skipped; raises CheckpointError
-    when some exist but none is usable.
+    accept: tuple[str | None, ...] | None = None
+    only: str | None = None
+    passed: tuple[Path, str | None, int] | None = None
+
+    def takes(self, path: Path, found: Manifest | None) -> bool:
+        """Whether the checkpoint at `path` (its manifest `found`) is one to load; notes it when
+        not. A manifest that does not parse says no run: judged by what is wrong with it."""
+        if self.accept is None or found is None or run_id_of(found) in self.accept:
+            return True
+        if self.passed is None:
+            step = found.get("step")
+            self.passed = (path, run_id_of(found),
+                           step if isinstance(step, int) else layout.step_of(path.name) or 0)
+        return False
+
+
+def first_valid(directory: Path, attempt: Attempt[T], *, verify: bool, sharded: bool,
+                hashes: bool = True, runs: Runs | None = None) -> T | None:  # fmt: skip
+    """What `attempt` gives for the newest checkpoint of `runs` (default: any) that verifies and
+    that it accepts; None when there is no such checkpoint at all.
+
+    Tries them in `layout.load_order`, printing why each one was skipped (those of other runs in
+    silence: `Runs.passed`); raises CheckpointError when some exist but none is usable.
     """
+    runs = runs or Runs()
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -56,29 +83,66 @@ def first_valid(directory: Path, attempt: Attempt[T], *, verify: bool, sharded: 
                               f"{e.strerror or one_line(e)}; give Checkpointer a directory "
                               "this job may read (it is created by the first save)"
                               ) from e  # fmt: skip
-    order = layout.load_order(directory, names)
-    for i, (path, problem) in enumerate(order):
+    if runs.only is not None:
+        order: list[tuple[Path, str | None]] = [(directory / runs.only, None)]
+    else:
+        order = layout.load_order(directory, names)
+    failed: list[tuple[Path, str]] = []  # the unusable ones, in order
+    checked = False  # whether one of them was a checkpoint read, not a pointer's problem
+    for path, problem in order:
+        found = None
         if problem is None:
             found, problem = manifest.verify(path, verify, sharded=sharded, hashes=hashes)
+            if not runs.takes(path, found):
+                continue
+            checked = True
+        if failed:  # said only now, when the next one to try is known
+            _fell_back(*failed[-1], path)
+        if problem is None:
+            result, problem = attempt(path, found)
             if problem is None:
-                result, problem = attempt(path, found)
-                if problem is None:
-                    return result
-        if i + 1 < len(order):
-            what = "checkpoint pointer" if path.name == layout.POINTER else "checkpoint"
-            warn(f"{what} {path} is {problem}; falling back to {order[i + 1][0]}")
-        else:
-            raise CheckpointError(
-                f"no valid checkpoint in {directory}: {path} is {problem}"
-                + (f", and the {i} newer one(s) are unusable too" if i else "")
-                + "; repair or remove them to start from scratch"
-            )
+                return result
+        failed.append((path, problem))
+    if failed and (checked or runs.passed is None):
+        path, problem = failed[-1]
+        newer = len(failed) - 1
+        raise CheckpointError(
+            f"no valid checkpoint in {directory}: {path} is {problem}"
+            + (f", and the {newer} newer one(s) are unusable too" if newer else "")
+            + "; repair or remove them to start from scratch"
+        )
+    if failed:  # only the pointer was wrong, and the checkpoints are other runs'
+        warn(f"{_what(failed[-1][0])} {failed[-1][0]} is {failed[-1][1]}")
     return None
 
 
-def load_replicated(directory: Path, *, verify: bool, into: dict | None,
-                    map_location: Any) -> Checkpoint | None:  # fmt: skip
-    """The newest valid replicated checkpoint, the same on every rank; None on a fresh start."""
+def _fell_back(path: Path, problem: str, to: Path) -> None:
+    warn(f"{_what(path)} {path} is {problem}; falling back to {to}")
+
+
+def _what(path: Path) -> str:
+    return "checkpoint pointer" if path.name == layout.POINTER else "checkpoint"
+
+
+def newest_step(directory: Path, runs: Runs) -> int | None:
+    """The step of the newest checkpoint of `runs` in `directory` by its manifest, unverified
+    (what a snapshot must be newer than); None without one."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    for path, problem in layout.load_order(directory, names):
+        if problem is None:
+            found, _ = manifest.verify(path, False, sharded=False)
+            if found is not None and runs.takes(path, found):
+                return manifest.step_of(path, found)
+    return None
+
+
+def load_replicated(directory: Path, *, verify: bool, into: dict | None, map_location: Any,
+                    runs: Runs | None = None) -> Checkpoint | None:  # fmt: skip
+    """The newest valid replicated checkpoint (of `runs`: `first_valid`), the same on every
+    rank; None on a fresh start."""
 
     def attempt(path: Path, found: Manifest | None) -> tuple[Checkpoint | None, str | None]:
         # Hashing and loading read the same file: side by side they take the time of one.
@@ -103,8 +167,10 @@ def load_replicated(directory: Path, *, verify: bool, into: dict | None,
                           run_id=manifest.run_id_of(found)), None  # fmt: skip
 
     if dist.group() is None:
-        return first_valid(directory, attempt, verify=verify, sharded=False, hashes=False)
-    chosen, error = _choose(directory, attempt, verify=verify, sharded=False, hashes=False)
+        return first_valid(directory, attempt, verify=verify, sharded=False, hashes=False,
+                           runs=runs)  # fmt: skip
+    chosen, error = _choose(directory, attempt, verify=verify, sharded=False, hashes=False,
+                            runs=runs)  # fmt: skip
     outcome, name = ranks.broadcast(*_told(chosen.path if chosen else None, error))
     if outcome is Outcome.FAILED:
         raise error or CheckpointError(_rank_0_found_none(directory))
@@ -122,9 +188,10 @@ def load_replicated(directory: Path, *, verify: bool, into: dict | None,
     return chosen
 
 
-def load_sharded(directory: Path, *, verify: bool, into: dict | None) -> Checkpoint | None:
-    """The newest valid sharded checkpoint, loaded into `into` in place on every rank; None on a
-    fresh start."""
+def load_sharded(directory: Path, *, verify: bool, into: dict | None,
+                 runs: Runs | None = None) -> Checkpoint | None:  # fmt: skip
+    """The newest valid sharded checkpoint (of `runs`: `first_valid`), loaded into `into` in
+    place on every rank; None on a fresh start."""
     if into is None:
         raise CheckpointError(f"sharded checkpoints in {directory} load in place: pass "
                               "into=<this rank's state dict> to load_latest")  # fmt: skip
@@ -136,7 +203,7 @@ def load_sharded(directory: Path, *, verify: bool, into: dict | None) -> Checkpo
         problem = safe_dcp.metadata_problem(path)
         return (None, problem) if problem else (path, None)
 
-    chosen, error = _choose(directory, attempt, verify=verify, sharded=True)
+    chosen, error = _choose(directory, attempt, verify=verify, sharded=True, runs=runs)
     outcome, name = ranks.broadcast(*_told(chosen, error))
     if outcome is Outcome.FAILED:
         raise error or CheckpointError(_rank_0_found_none(directory))

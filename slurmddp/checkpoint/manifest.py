@@ -14,12 +14,13 @@ from slurmddp import files as fs
 from slurmddp.checkpoint import layout
 from slurmddp.checkpoint.crc32 import Crc32
 from slurmddp.errors import CheckpointError, one_line
+from slurmddp.protocol import CHECKPOINT_MANIFEST
 from slurmddp.rank.identity import run_id
 
 FORMAT = 2
 # The checksum of each file that a manifest of each format records.
 CHECKSUMS = {1: "sha256", 2: "crc32"}
-MANIFEST = "manifest.json"
+MANIFEST = CHECKPOINT_MANIFEST
 STATE_FILE = "state.pt"  # replicated mode: rank 0's state, by torch.save
 METADATA = ".metadata"  # sharded mode: torch.distributed.checkpoint's index of the shards
 _CHUNK = 8 << 20

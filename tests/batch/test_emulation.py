@@ -144,15 +144,17 @@ def job_lines(folder, r: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.ranks
 def test_resume_at_another_world_size_continues_at_the_same_global_sample(tmp_path):
     # 2 ranks, stopped once with no requeue allowed: the checkpoint is taken, the job ends 75.
+    # Two jobs, one run: named, so that the second resumes the first (slurmddp.run_id).
     r, lines = local_train(tmp_path, "w", "--max-requeues", "0", "--local-signal-after", "4",
-                           step_time=0.03)  # fmt: skip
+                           "--env", "SLURMDDP_RUN_ID=w", step_time=0.03)  # fmt: skip
     assert r.returncode == 75, r.stdout + r.stderr
     text = "\n".join(lines)
     assert "the limit of 0 requeues (--max-requeues) is reached" in text
     epoch, sample = re.search(r"stopped at step \d+ \(epoch (\d+), sample (\d+)\)", text).groups()
     # The same checkpoint directory, now 1 rank; with one thread, not a lone rank's default of
     # the node's CPUs (slurmddp.rank.placement), whose idle threads spin, costing CPU, each step.
-    r, lines = local_train(tmp_path, "w", "--env", "OMP_NUM_THREADS=1", tasks=1)
+    r, lines = local_train(tmp_path, "w", "--env", "OMP_NUM_THREADS=1", "--env",
+                           "SLURMDDP_RUN_ID=w", tasks=1)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     resumed = re.search(r"resumed from \S+ at step \d+ \(epoch (\d+), sample (\d+)\)",
                         "\n".join(lines))  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -190,12 +191,13 @@ def test_links_stay_links_and_are_never_followed_out_of_the_tree(tmp_path):
 
 
 @pytest.mark.parametrize(("bound", "says"), [
-    ({"snapshot_max_files": 2}, "would hold more than 2 files: move what is not code (data, "
+    ({"snapshot_max_files": 2}, "would hold more than 2 files (the largest: a.py 1 file, "
+                                "data.bin 1 file, train.py 1 file): move what is not code (data, "
                                 "environments) out of it, raise --snapshot-max-files, or submit "
                                 "with --no-snapshot"),
-    ({"snapshot_max_mib": 1}, "would be larger than 1 MiB: move what is not code (data, "
-                              "environments) out of it, raise --snapshot-max-mib, or submit with "
-                              "--no-snapshot"),
+    ({"snapshot_max_mib": 1}, "would be larger than 1 MiB (the largest: data.bin 1.0 MiB, a.py "
+                              "0 B): move what is not code (data, environments) out of it, raise "
+                              "--snapshot-max-mib, or submit with --no-snapshot"),
 ])  # fmt: skip
 def test_a_snapshot_over_its_bounds_is_refused_and_leaves_nothing(tmp_path, bound, says):
     project = tmp_path / "p"
@@ -212,9 +214,49 @@ def test_a_snapshot_over_its_bounds_is_refused_and_leaves_nothing(tmp_path, boun
 def test_in_a_checkout_the_bound_says_gitignore(repo):
     with pytest.raises(snapshot.SnapshotError) as info:
         snapshot.plan(spec_for(repo, "src/train.py", snapshot_max_files=3), repo)
-    assert str(info.value).endswith("would hold more than 3 files: list what is not code in its "
-                                    ".gitignore, raise --snapshot-max-files, or submit with "
-                                    "--no-snapshot")  # fmt: skip
+    assert re.search(r"would hold more than 3 files \(the largest: [^)]+ 1 file\): list what is "
+                     r"not code in its \.gitignore, raise --snapshot-max-files, or submit with "
+                     r"--no-snapshot$", str(info.value))  # fmt: skip
+
+
+def checkpoints(directory: Path, step: int = 1, size: int = 10) -> Path:
+    """A Checkpointer's directory as it lays it out (slurmddp.checkpoint.layout)."""
+    name = f"step-{step:08d}"
+    write(directory / name / "state.pt", "x" * size)
+    write(directory / name / "manifest.json", json.dumps({"format": 2, "step": step}))
+    write(directory / "latest", name + "\n")
+    return directory
+
+
+@pytest.mark.parametrize("in_git", [False, True])
+def test_checkpoint_directories_stay_out_of_the_snapshot(tmp_path, in_git):
+    # Issue 44: checkpoints/ beside train.py went into the next job's snapshot, over its bound.
+    project = tmp_path / "p"
+    write(project / "train.py", "print(1)\n")
+    checkpoints(project / "checkpoints", size=2 * 1024 * 1024)
+    checkpoints(project / "runs" / "a" / "ckpt", step=3)
+    write(project / "runs" / "notes.py")
+    write(project / "docs" / "latest", "step-00000001\n")  # names no checkpoint: code, kept
+    write(project / "docs" / "step-00000001" / "index.md")
+    if in_git:
+        git(project, "init", "-q")
+        git(project, "add", "train.py")  # the rest untracked, not ignored
+    p = snapshot.plan(spec_for(project, "train.py", snapshot_max_mib=1), project)
+    assert [e.rel for e in p.entries] == ["docs/latest", "docs/step-00000001/index.md",
+                                          "runs/notes.py", "train.py"]  # fmt: skip
+
+
+def test_over_the_bound_the_largest_entries_are_named(tmp_path):
+    project = tmp_path / "p"
+    write(project / "train.py", "print(1)\n")
+    write(project / "data" / "a.bin", "x" * (3 * 1024 * 1024))
+    write(project / "data" / "b.bin", "x" * (1024 * 1024))
+    write(project / "weights.pt", "x" * (2 * 1024 * 1024 + 512 * 1024))
+    write(project / "z.py", "x" * 2048)
+    with pytest.raises(snapshot.SnapshotError) as info:
+        snapshot.plan(spec_for(project, "train.py", snapshot_max_mib=6), project)
+    assert "would be larger than 6 MiB (the largest: data/ 4.0 MiB, weights.pt 2.5 MiB, z.py " \
+           "2.0 KiB):" in str(info.value)  # fmt: skip
 
 
 def test_too_big_is_one_line_and_nothing_is_submitted(tmp_path):

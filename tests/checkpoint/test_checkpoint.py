@@ -63,6 +63,12 @@ def entries(directory: Path) -> list[str]:
 SAVE_TIME = "save-time.json"
 
 
+def resumed(path: Path, run: str | None = None) -> str:
+    """The line rank 0 prints when it resumes from checkpoint `path`, saved by `run`."""
+    saved_by = f"of run {run}" if run else "(saved without a run id)"
+    return f"slurmddp: resuming from step {int(path.name[5:])} {saved_by}: {path}\n"
+
+
 def pointer(directory: Path) -> str:
     return (directory / "latest").read_text().strip()
 
@@ -120,8 +126,9 @@ def test_save_and_load_round_trip(tmp_path, run_as):
     crc = f"{zlib.crc32(data):08x}"
     assert manifest == {"format": 2, "step": 12, "mode": "replicated", "run_id": "linux-40_3",
                         "files": {"state.pt": {"size": len(data), "crc32": crc}}}  # fmt: skip
-    run_as("another-run")  # the checkpoint's run, not the loader's
-    loaded = Checkpointer(directory).load_latest()
+    run_as("another-run")  # asks for it: the checkpoint's run, not the loader's
+    ckpt = Checkpointer(directory, resume_from="linux-40_3")
+    loaded = ckpt.load_latest()
     assert loaded.step == 12 and loaded.path == directory / "step-00000012"
     assert loaded.run_id == "linux-40_3"
     assert loaded.state.keys() == state.keys()
@@ -142,8 +149,7 @@ def test_without_a_run_id_the_manifest_records_none(tmp_path, run_as):
     run_as(None)
     save_steps(tmp_path, [1])
     assert json.loads((tmp_path / "step-00000001" / "manifest.json").read_text())["run_id"] is None
-    run_as("later")
-    assert assert_loads(tmp_path, 1).run_id is None
+    assert assert_loads(tmp_path, 1).run_id is None  # a process without one resumes it
 
 
 def test_fresh_start_is_none(tmp_path):
@@ -319,7 +325,7 @@ def test_corrupt_newest_falls_back_to_the_previous(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"slurmddp: checkpoint {newest} is corrupt (the crc32 of state.pt does not match its "
         f"manifest); falling back to {previous}\n"
-    )
+    ) + resumed(previous)
 
 
 def test_format_1_manifests_with_sha256_still_load_and_verify(tmp_path, capsys, run_as):
@@ -327,8 +333,9 @@ def test_format_1_manifests_with_sha256_still_load_and_verify(tmp_path, capsys, 
     for path, step in ((newest, 3), (previous, 2)):
         (path / "manifest.json").unlink()
         write_manifest(path, step)  # as written before run ids
-    run_as("linux-41")
+    run_as(None)  # they record no run: resumed by a process without one (or asked for)
     assert assert_loads(tmp_path, 3).run_id is None
+    capsys.readouterr()
     data = bytearray((newest / "state.pt").read_bytes())
     data[len(data) // 2] ^= 0x01
     (newest / "state.pt").write_bytes(bytes(data))
@@ -336,7 +343,7 @@ def test_format_1_manifests_with_sha256_still_load_and_verify(tmp_path, capsys, 
     assert capsys.readouterr().err == (
         f"slurmddp: checkpoint {newest} is corrupt (the sha256 of state.pt does not match its "
         f"manifest); falling back to {previous}\n"
-    )
+    ) + resumed(previous)
 
 
 def test_a_newer_manifest_format_is_skipped(tmp_path, capsys):
@@ -345,7 +352,8 @@ def test_a_newer_manifest_format_is_skipped(tmp_path, capsys):
     (newest / "manifest.json").write_text(json.dumps({**manifest, "format": 3}))
     assert_loads(tmp_path, 2)
     assert capsys.readouterr().err == (f"slurmddp: checkpoint {newest} is in an unknown format "
-                                       f"(version 3); falling back to {previous}\n")  # fmt: skip
+                                       f"(version 3); falling back to {previous}\n"
+                                       ) + resumed(previous)  # fmt: skip
 
 
 def test_a_large_state_is_checksummed_while_written_and_flushed_early(tmp_path, monkeypatch):
@@ -407,7 +415,7 @@ def test_truncated_newest_falls_back_to_the_previous(tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"slurmddp: checkpoint {newest} is truncated (state.pt has 100 bytes, its manifest says "
         f"{size}); falling back to {previous}\n"
-    )
+    ) + resumed(previous)
 
 
 def test_without_verify_an_unreadable_file_still_falls_back(tmp_path, capsys):
@@ -417,7 +425,8 @@ def test_without_verify_an_unreadable_file_still_falls_back(tmp_path, capsys):
     assert loaded.step == 2
     err = capsys.readouterr().err
     assert err.startswith(f"slurmddp: checkpoint {newest} is unreadable by torch.load (")
-    assert err.endswith(f"); falling back to {previous}\n") and err.count("\n") == 1
+    assert err.endswith(f"); falling back to {previous}\n" + resumed(previous))
+    assert err.count("\n") == 2
 
 
 @pytest.mark.parametrize("damage", ["no pointer", "dangling", "garbage", "no manifest", "bad json"])
@@ -444,7 +453,7 @@ def test_damaged_pointer_or_manifest_falls_back(tmp_path, capsys, damage):
         target, expect = previous, 2
     assert_loads(tmp_path, expect)
     assert capsys.readouterr().err == (f"slurmddp: checkpoint {what}; falling back to "
-                                       f"{target}\n")  # fmt: skip
+                                       f"{target}\n") + resumed(target)  # fmt: skip
 
 
 def test_all_invalid_is_an_error_not_a_fresh_start(tmp_path, capsys):
@@ -720,6 +729,8 @@ def test_sharded_save_and_load_without_a_process_group(tmp_path, run_as):
     assert entries(tmp_path / "step-00000004") == [".metadata", "__0_0.distcp", "manifest.json"]
     into = {"w": torch.zeros(3), "meta": {"lr": 0.0, "name": ""}}
     run_as(None)
+    assert ckpt.load_latest(into=into) is None  # another run's: passed over
+    ckpt = Checkpointer(tmp_path, sharded=True, resume_from="linux-41")
     loaded = ckpt.load_latest(into=into)
     assert loaded.step == 4 and loaded.state is into and loaded.run_id == "linux-41"
     assert torch.equal(into["w"], torch.arange(3.0)) and into["meta"] == {"lr": 0.5, "name": "x"}

@@ -84,6 +84,7 @@ def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(tmp_path, capsys)
     assert capsys.readouterr().err == (
         f"slurmddp: checkpoint {newest} is corrupt (the crc32 of __0_0.distcp does not match its "
         f"manifest); falling back to {tmp_path / 'step-00000001'}\n"
+        f"slurmddp: resuming from step 1 (saved without a run id): {tmp_path / 'step-00000001'}\n"
     )
 
 
