@@ -3,6 +3,7 @@ another node beside the training's collectives (NCCL's or gloo's), from a backgr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,25 @@ def largest(group: Any, value: int) -> int:
     tensor = torch.tensor([value], dtype=torch.int64)
     td.all_reduce(tensor, op=td.ReduceOp.MAX, group=group)
     return int(tensor.item())
+
+
+def all_gather_json(group: Any, value: Any) -> list[Any]:
+    """Every rank's `value` (anything JSON holds; tuples come back as lists), in rank order
+    (collective over `group`). Not torch's all_gather_object: that needs numpy, which neither
+    torch nor slurmddp installs, and unpickles what the peers send."""
+    import torch.distributed as td
+
+    data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+    world = td.get_world_size(group)
+    sizes = [torch.empty(1, dtype=torch.int64) for _ in range(world)]
+    td.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64), group=group)
+    longest = max(int(size.item()) for size in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: data.numel()] = data
+    gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    td.all_gather(gathered, padded, group=group)
+    return [json.loads(bytes(g[: int(n.item())].tolist()).decode())
+            for g, n in zip(gathered, sizes, strict=True)]  # fmt: skip
 
 
 def as_tensor(data: memoryview | bytes | bytearray) -> torch.Tensor:

@@ -196,9 +196,7 @@ class Snapshots:
             self._nodes = [node]
             return
         self._group = peers.side_group()
-        nodes: list[Any] = [None] * td.get_world_size()
-        td.all_gather_object(nodes, node, group=self._group)
-        self._nodes = [str(n) for n in nodes]
+        self._nodes = [str(n) for n in peers.all_gather_json(self._group, node)]
         keepers = plan.replica_keepers(self._nodes)
         rank = td.get_rank()
         self._keeper = keepers.get(rank)
@@ -322,13 +320,12 @@ class Snapshots:
         self.settle()
         assert self._store is not None
         td = dist.group()
-        report: tuple[str, list[tuple], int | None] = (
-            node_name(os.environ), [dataclasses.astuple(s) for s in self._store.shards()],
-            newer_than)  # fmt: skip
+        # (node, its shards' fields, the durable step): JSON's lists, whichever the world.
+        kept = [list(dataclasses.astuple(s)) for s in self._store.shards()]
+        report = [node_name(os.environ), kept, newer_than]
         reports: list[Any] = [report]
         if td is not None:
-            reports = [None] * td.get_world_size()
-            td.all_gather_object(reports, report, group=self._group)
+            reports = peers.all_gather_json(self._group, report)
         self._store.drop_partial()  # every rank has settled its writes by now
         held: dict[str, set[Shard]] = {}
         for node, shards, _ in reports:
