@@ -1,11 +1,13 @@
 """Data loading under slurmddp's seeding (`slurmddp.training.loader`) against torch's own: batches
 per second of a DataLoader with 2 forked workers over an ImageNet-like dataset with random
-augmentation (a 224-pixel crop of a 256-pixel image, a flip, noise), and the time a resumed
+augmentation (a 224-pixel crop of a 256-pixel image, a flip, noise), and of one without workers
+over samples that cost nothing (batches of 64 integers: what slurmddp adds per batch and per
+sample, alone), the time a resumed
 epoch takes to its first batch, its consumed batches skipped in the sampler against fetched and
 dropped (what a loop that skips by iterating does), and the time an epoch takes to its first batch
 with its 4 forked workers started as a rank starts them (`slurmddp.preemption.workers`: shielded,
 each checked alive) against multiprocessing's own start. Each contender runs in a process of its
-own (``SLURMDDP_EXACT_DATA=0`` is torch's seeding).
+own (``SLURMDDP_EXACT_DATA=0``: torch's own DataLoader, nothing installed).
 
     python -m benchmarks.data_loading [--batches 100] [--repeats 3]
 """
@@ -32,7 +34,8 @@ def _child(mode: str, batches: int, skipped: int = SKIPPED, starts: int = STARTS
 
     from slurmddp.training import loader as exact
 
-    exact.install()
+    if exact.enabled():
+        exact.install()
 
     class Images(Dataset):
         def __len__(self) -> int:
@@ -58,6 +61,15 @@ def _child(mode: str, batches: int, skipped: int = SKIPPED, starts: int = STARTS
         for _ in range(starts):
             next(iter(small))
         print(json.dumps({"value": (time.perf_counter() - start) / starts}))
+        return
+    if mode == "cheap":
+        cheap = DataLoader(list(range(1_000_000)), batch_size=64, shuffle=True)
+        it = iter(cheap)
+        count = batches * 30
+        start = time.perf_counter()
+        for _ in range(count):
+            next(it)
+        print(json.dumps({"value": count / (time.perf_counter() - start)}))
         return
     loader = DataLoader(Images(), batch_size=32, shuffle=True, num_workers=2,
                         multiprocessing_context="fork")  # fmt: skip
@@ -98,6 +110,8 @@ def run(batches: int = 100, repeats: int = 3, skipped: int = SKIPPED,
     per measurement (the test's are a few, for the same code)."""
     throughput = alternate({"ours": lambda: _measure("throughput", batches, True),
                             "torch": lambda: _measure("throughput", batches, False)}, repeats)
+    cheap = alternate({"ours": lambda: _measure("cheap", batches, True),
+                       "torch": lambda: _measure("cheap", batches, False)}, repeats)
     resume = alternate({"ours": lambda: _measure("resume-skip", batches, True, skipped),
                         "iterating": lambda: _measure("resume-iterate", batches, True, skipped)},
                        repeats)  # fmt: skip
@@ -108,6 +122,8 @@ def run(batches: int = 100, repeats: int = 3, skipped: int = SKIPPED,
         Row("data", "batches/s, 2 fork workers, 32 x 3x224x224 crops with flip and noise",
             throughput["ours"], throughput["torch"], "batches/s", "torch's own seeding",
             ">= 0.97"),
+        Row("data", "batches/s, no workers, 64 integers a batch (samples that cost nothing)",
+            cheap["ours"], cheap["torch"], "batches/s", "torch's own DataLoader", ">= 0.97"),
         Row("data", f"to the first batch of an epoch resumed after {skipped} batches",
             resume["ours"], resume["iterating"], "s", "the consumed batches fetched and dropped",
             "< 1, no consumed sample fetched"),

@@ -290,6 +290,16 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(autouse=True)
+def _torch_left_as_torch_made_it() -> Iterator[None]:
+    """After a test that started exact data loading in this process (an integration's object,
+    say), torch's DataLoader put back: the next tests meet torch's own."""
+    yield
+    loading = sys.modules.get("slurmddp.training.loader")
+    if loading is not None and loading.installed():
+        loading.uninstall()
+
+
+@pytest.fixture(autouse=True)
 def _cluster_left_clean(request) -> Iterator[None]:
     """After a cluster test, passed or failed: its jobs cancelled and the nodes in service. After a
     failed one, also every daemon running (`up`; a test that stopped one may have failed before
@@ -327,6 +337,23 @@ def container_image(slurm_cluster, tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+RUNTIME_VENV = Path(os.environ.get("SLURMDDP_RUNTIME_VENV", ROOT / ".venv-runtime"))
+
+
+@pytest.fixture(scope="session")
+def runtime_python() -> str:
+    """The interpreter of a venv of torch, slurmddp's wheel and its declared dependencies and
+    nothing more (`scripts/install --runtime`, as scripts/demo makes it): made or brought up to
+    date first (seconds when it is: scripts/install's stamps), one pytest at a time."""
+    with open(f"/tmp/slurmddp-runtime-venv-{os.getuid()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = subprocess.run([str(ROOT / "scripts" / "install"), "--runtime"],
+                              env=launcher_free_env(SLURMDDP_VENV=str(RUNTIME_VENV)),
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    return str(RUNTIME_VENV / "bin" / "python")
 
 
 def wait_until(predicate, timeout: float, what: str | Callable[[], str], interval: float = 0.5):

@@ -67,7 +67,7 @@ def test_data_loading():
     # batches made.
     rows = data_loading.run(batches=5, repeats=1, skipped=2, starts=2)
     check(rows)
-    assert [r.baseline_label for r in rows] == ["torch's own seeding",
+    assert [r.baseline_label for r in rows] == ["torch's own seeding", "torch's own DataLoader",
                                                 "the consumed batches fetched and dropped",
                                                 "multiprocessing's own Process.start"]
 

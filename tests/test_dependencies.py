@@ -9,10 +9,11 @@ fails here, saying which, before a job does.
 - torch: a DataLoader worker is recognised by its target, ``torch.utils.data._utils.worker.
   _worker_loop`` (slurmddp.preemption.workers shields it from Slurm's TERM); torch.compile's
   wrapper holds the module as ``_orig_mod`` (slurmddp.training.train_state.unwrap).
-- torch: the DataLoader's inside, which slurmddp.training.loader wraps: the iterator reads the
-  loader's ``_index_sampler`` property and draws its base seed from ``loader.generator`` as it is
-  made, counts ``_num_yielded``, and hands each index the sampler gives to
-  ``_MapDatasetFetcher.fetch`` (whose ``auto_collation``, ``dataset`` and ``collate_fn`` it uses).
+- torch: the DataLoader's inside, which slurmddp.training.loader wraps once installed: the
+  iterator reads the loader's ``_index_sampler`` property, draws its base seed from
+  ``loader.generator`` and takes ``loader.worker_init_fn`` as it is made, counts ``_num_yielded``
+  in ``_BaseDataLoaderIter.__next__``; a worker runs its init function before it makes its
+  fetcher, and hands each index the sampler gives to ``_MapDatasetFetcher.fetch``.
 """
 
 from __future__ import annotations
@@ -231,21 +232,32 @@ def test_torch_compile_keeps_the_module_as_orig_mod():
 
 
 def test_the_dataloader_inside_is_what_exact_loading_wraps():
-    from torch.utils.data import dataloader
-    from torch.utils.data._utils import worker
+    from torch.utils.data import DataLoader, dataloader
+    from torch.utils.data._utils import fetch, worker
 
     from slurmddp.training import loader as exact
 
-    exact.install()
+    # What install() replaces, as torch defines it (its originals where a test of this process
+    # installed it).
+    def torchs(owner: type, name: str, key: str) -> object:
+        return exact._original.get(key) or owner.__dict__[name]
+
+    assert isinstance(torchs(DataLoader, "_index_sampler", "index_sampler"), property)
+    assert callable(torchs(DataLoader, "__iter__", "iter"))
+    assert "self._num_yielded += 1" in inspect.getsource(
+        torchs(dataloader._BaseDataLoaderIter, "__next__", "next"))
+    # What an iterator reads from its loader as it is made: the index sampler (the skip and the
+    # batches' seeds), the generator (its base seed) and, with workers, their init function.
     made = inspect.getsource(dataloader._BaseDataLoaderIter.__init__)
     for needed in ("loader._index_sampler", "random_(generator=loader.generator)",
                    "self._num_yielded = 0"):  # fmt: skip
         assert needed in made, f"torch's DataLoader iterator no longer has {needed!r}"
-    counting = inspect.getsource(exact._original["next"])  # installed above: torch's own
-    assert "self._num_yielded += 1" in counting
-    assert isinstance(exact._original["index_sampler"], property)
-    fetching = inspect.getsource(exact._original["fetch"])
-    assert parameters(exact._original["fetch"]) == ["self", "possibly_batched_index"]
-    for needed in ("self.auto_collation", "self.dataset", "self.collate_fn"):
-        assert needed in fetching, f"torch's _MapDatasetFetcher.fetch no longer uses {needed}"
-    assert "fetcher.fetch(index)" in inspect.getsource(worker._worker_loop)
+    workers = inspect.getsource(dataloader._MultiProcessingDataLoaderIter.__init__)
+    assert "loader.worker_init_fn" in workers
+    # In a worker: the init function runs before the fetcher is made, and the fetcher is handed
+    # what the index sampler yields (a batch's keys with its seed), which the init function's
+    # fetch unwraps.
+    loop = inspect.getsource(worker._worker_loop)
+    assert loop.index("init_fn(worker_id)") < loop.index("create_fetcher(")
+    assert "fetcher.fetch(index)" in loop
+    assert parameters(fetch._MapDatasetFetcher.fetch) == ["self", "possibly_batched_index"]

@@ -40,8 +40,9 @@ PUBLIC = {
     ],
     "slurmddp.rank.hostlist": ["compress", "expand", "expand_tasks_per_node"],
     "slurmddp.training": ["loader", "sampler", "train_state"],
-    "slurmddp.training.loader": ["enabled", "expect", "fingerprint", "inexact", "install", "load",
-                                 "mix", "sampler_of", "state", "tracked"],
+    "slurmddp.training.loader": ["NotResumable", "enabled", "exclude", "expect", "fingerprint",
+                                 "inexact", "install", "installed", "load", "mix", "sampler_of",
+                                 "state", "tracked", "uninstall"],
     "slurmddp.training.train_state": [
         "capture", "capture_rng", "own", "own_rank_only", "per_rank", "prime_ddp",
         "prime_on_next_forward", "restore", "restore_rng", "unwrap",

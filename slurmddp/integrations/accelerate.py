@@ -42,10 +42,6 @@ from slurmddp.preemption import api
 from slurmddp.training import loader as exact_data
 from slurmddp.training import train_state
 
-# Before any loader iterates, in the first run as in a resumed one: the seeding must match.
-exact_data.install()
-exact_data.follow_accelerate_epochs()  # a resumed epoch's loader is rebuilt
-
 __all__ = ["Preemptible"]
 
 _STEP = re.compile(r"step-(\d+)")
@@ -76,6 +72,9 @@ class Preemptible:
         # Now, not at the first `should_stop`: the loaders start their workers before it, and
         # those need the shield (preemption.workers) from their first fork.
         api.install()
+        # Before any loader iterates, in the first run as in a resumed one: the seeds must match.
+        exact_data.install()
+        exact_data.follow_accelerate_epochs()  # a resumed epoch's loader is rebuilt
 
     def resume(self) -> int:
         """Load the newest complete snapshot newer than the newest complete ``step-N``, else

@@ -47,6 +47,7 @@ from typing import Any
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import IterableDataset
 
 from slurmddp import files
 from slurmddp.checkpoint import snapshots
@@ -54,9 +55,6 @@ from slurmddp.errors import warn
 from slurmddp.preemption import api
 from slurmddp.training import loader as exact_data
 from slurmddp.training import train_state
-
-# Before any loader iterates, in the first run as in a resumed one: the seeding must match.
-exact_data.install()
 
 __all__ = ["StopProtocol", "fit"]
 
@@ -93,6 +91,8 @@ class StopProtocol(Callback):
         # Now, not at the first `should_stop`: the loaders start their workers before it, and
         # those need the shield (preemption.workers) from their first fork.
         api.install()
+        # Before any loader iterates, in the first run as in a resumed one: the seeds must match.
+        exact_data.install()
 
     def latest(self) -> str | None:
         """The newest complete ``step-N.ckpt`` in `dirpath`, or None."""
@@ -103,13 +103,10 @@ class StopProtocol(Callback):
                            checkpoint: dict[str, Any]) -> None:  # fmt: skip
         # Every rank saves (trainer.save_checkpoint on each, in on_train_batch_end); rank 0's
         # dict is written: what differs by rank is gathered, a collective on every rank.
-        states = []
-        for d in _loaders(trainer.train_dataloader):
-            if exact_data.tracked(d):
-                state = exact_data.state(d)
-                if callable(getattr(d, "load_state_dict", None)):
-                    state["consumed"] = 0  # a stateful loader: Lightning puts its position back
-                states.append(state)
+        # A stateful loader (torchdata's) is left to Lightning, which saves and restores it by its
+        # own protocol; an IterableDataset's position is its own.
+        states = [exact_data.state(d) for d in _loaders(trainer.train_dataloader)
+                  if exact_data.tracked(d) and not isinstance(d.dataset, IterableDataset)]
         checkpoint[_KEY] = {
             "rng": train_state.per_rank(train_state.capture_rng()),
             # A dict: per_rank of one process is its value, and a list would read as per rank.

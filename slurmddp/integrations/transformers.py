@@ -42,9 +42,6 @@ from slurmddp.preemption import api
 from slurmddp.training import loader as exact_data
 from slurmddp.training import train_state
 
-# Before any loader iterates, in the first run as in a resumed one: the seeding must match.
-exact_data.install()
-
 __all__ = ["StopProtocol", "train"]
 
 
@@ -63,6 +60,8 @@ class StopProtocol(TrainerCallback):
         # Now, not at the first `should_stop`: the loaders start their workers before it, and
         # those need the shield (preemption.workers) from their first fork.
         api.install()
+        # Before any loader iterates, in the first run as in a resumed one: the seeds must match.
+        exact_data.install()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if api.should_stop():

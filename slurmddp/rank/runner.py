@@ -152,6 +152,8 @@ def _prepare(argv: Sequence[str], prog: str) -> tuple[str | None, list[str]]:
     preemption.install()
     # A script's own init_process_group() gets the bounded, explained rendezvous too.
     startup.install_hook()
+    # DataLoaders resume exactly from the script's first one; torch is the script's to import.
+    startup.after_import("torch", _exact_data)
     if opts.print_env:
         for name, value, source in dist.rows():
             print(f"{name:>16} = {value:<20} ({source})", file=sys.stderr)
@@ -160,6 +162,12 @@ def _prepare(argv: Sequence[str], prog: str) -> tuple[str | None, list[str]]:
 
         prefix_output(dist.rank, dist.world_size)
     return opts.module, rest
+
+
+def _exact_data(_torch: object) -> None:
+    from slurmddp.training import loader
+
+    loader.install()
 
 
 def _execute(module: str | None, rest: list[str]) -> None:

@@ -368,11 +368,15 @@ def patch(module: ModuleType | None = None) -> bool:
     return True
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches torch's rendezvous module right after it is first executed."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` right after the module `name` is first executed."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], Any]) -> None:
+        self.name = name
+        self.then = then
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _RENDEZVOUS_MODULE:
+        if name != self.name or name in sys.modules:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is None or spec.loader is None:
@@ -382,10 +386,20 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            patch(module)
+            self.then(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+
+def after_import(name: str, then: Callable[[ModuleType], Any]) -> None:
+    """`then(module)` once the module `name` is imported: now if it is, else right after the
+    script first imports it (the runner's way of changing torch without importing it)."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and (f.name, f.then) == (name, then)
+                 for f in sys.meta_path):  # fmt: skip
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def install_hook() -> None:
@@ -393,7 +407,4 @@ def install_hook() -> None:
 
     torch is not imported here: the rendezvous module is patched when the script imports torch.
     """
-    if _RENDEZVOUS_MODULE in sys.modules:
-        patch(sys.modules[_RENDEZVOUS_MODULE])
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    after_import(_RENDEZVOUS_MODULE, patch)

@@ -1,40 +1,49 @@
-"""Exact data loading: a DataLoader's randomness comes from (seed, epoch, sample), never from the
-training's random stream, and a resumed epoch skips its consumed batches without fetching them.
+"""Exact data loading: a resumed DataLoader continues at its epoch and batch, with the order and
+the random augmentation the uninterrupted run had, and its consumed batches are skipped unfetched.
 
 Why: torch's DataLoader draws a base seed from the global generator every time an iterator is
 made (with ``num_workers=0`` too), a RandomSampler without a generator draws another at its first
 batch, and what a worker's augmentation draws depends on every sample that worker fetched before.
-Restoring the random generators at a checkpoint puts none of that back, so a resumed run's
-dropout and augmentation drift from the uninterrupted run's.
+Restoring the random generators at a checkpoint puts none of that back.
 
-`install()` (run by ``slurmddp.init()``, by importing ``slurmddp.training`` and by the framework
-integrations) changes every DataLoader of the process, subclasses and torchdata's
-StatefulDataLoader included:
+Nothing changes on import. `install()` starts it, in this process, for every DataLoader
+(subclasses included) that does not opt out with `exclude`; ``slurmddp.init()``,
+``python -m slurmddp.run`` and the framework integrations' objects call it, and `uninstall()`
+puts torch back. What it changes, and only while installed:
 
-- an iterator's base seed comes from a generator seeded by (seed, epoch, rank), and a sampler
-  that draws from torch's global generator (RandomSampler, SubsetRandomSampler,
-  WeightedRandomSampler without a generator of their own) gets one seeded by (seed, epoch);
-- before each sample is fetched, torch's CPU generator, numpy's global one and python's `random`
-  are seeded by (seed, epoch, dataset index): in the worker that fetches it, or, with
-  ``num_workers=0``, in the main process between a save and a restore of those generators, so
-  data loading never consumes the training's stream;
-- the loader counts its iterators and the batches each yielded: `state(loader)` is what
-  `train_state.capture(loader=...)` saves, and `load(loader, state)` makes the next iterator
-  that one again, skipping its consumed batches in the batch sampler, unfetched.
+- an iterator's base seed comes from a generator seeded by (loader seed, epoch, rank), and a
+  sampler that would draw from torch's global generator or share the loader's (RandomSampler,
+  SubsetRandomSampler, WeightedRandomSampler without a generator of their own) is given one seeded
+  by (loader seed, epoch). The loader seed is the initial seed of the loader's own ``generator=``
+  where there is one, else ``torch.initial_seed()``, mixed with the loader's slot: the n-th loader
+  alive at once over the same kind of data (so two such loaders are not correlated); a new loader
+  that takes the place of one that is gone continues its epochs if it draws from the same
+  generator. The user's generators are read, never drawn from or replaced;
+- with workers, each batch seeds the worker's torch, numpy and python generators by (the epoch's
+  seed, the rank, the batch's keys): the function torch gives a worker at its start
+  (``worker_init_fn``, wrapped) installs that in the worker process alone;
+- with ``num_workers=0`` the samples draw from the iterating thread's generators, as in torch:
+  nothing is seeded, saved or restored in the training process, from any thread. Those generators
+  are in the checkpoint (`train_state.capture`), so the resumed batches draw what the
+  uninterrupted run's drew, provided the loader is iterated by the thread that trains;
+- the loader counts its iterators and the batches consumed, on the loader (a loop that breaks
+  keeps its place): `state(loader)` is what `train_state.capture(loader=...)` saves, `load`
+  makes the next iterator that one again, its consumed batches skipped in the sampler, unfetched.
+
+A loader with torchdata's Stateful protocol (``state_dict``/``load_state_dict``: torchdata's
+StatefulDataLoader) is left as it is and saved by its own protocol. An IterableDataset's position
+is its own: `state` refuses it.
 
 "Epoch" is the sampler's own (``set_epoch``) with the iterators made since it last changed, or,
-for a sampler without one, the iterators made: a framework that rebuilds a loader to skip
-batches (the Hugging Face Trainer) still sets its sampler's epoch, and the seeds follow it
-(Accelerate's loaders write theirs on a sampler that keeps none: `follow_accelerate_epochs`). The
-seed is ``torch.initial_seed()`` when the loader first iterates (the seed the script gave
-``torch.manual_seed``, or torch's fixed default), then the checkpoint's. Augmentation therefore
-differs from vanilla PyTorch's, but is the same in a resumed and an uninterrupted run, at any
-``num_workers``, start method, persistence and ``prefetch_factor``, and a sample gets the same
-augmentation at any world size. ``SLURMDDP_EXACT_DATA=0`` leaves DataLoaders as torch made them.
+for a sampler without one, the iterators made: a framework that rebuilds a loader to skip batches
+(the Hugging Face Trainer) still sets its sampler's epoch, and the seeds follow it (Accelerate's
+loaders write theirs on a sampler that keeps none: `follow_accelerate_epochs`).
+``SLURMDDP_EXACT_DATA=0`` leaves every DataLoader as torch made it.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import sys
@@ -65,8 +74,9 @@ def mix(*parts: int) -> int:
     return h >> 1
 
 
-# Domain tags: the base seed, a sampler's generator and the samples never share a stream.
-_BASE, _SAMPLER, _SAMPLE = 1, 2, 3
+# Domain tags: the base seed, a sampler's generator, the batches and the slots never share a
+# stream.
+_BASE, _SAMPLER, _SAMPLE, _SLOT = 1, 2, 3, 4
 
 
 def enabled() -> bool:
@@ -74,30 +84,42 @@ def enabled() -> bool:
     return os.environ.get(protocol.EXACT_DATA_VAR, "1") != "0"
 
 
-class _Track:
-    """One DataLoader's epochs and position."""
+class NotResumable(ValueError):
+    """A loader whose position slurmddp does not keep; the message says why and what to do."""
 
-    def __init__(self) -> None:
+
+class _Track:
+    """One loader slot's epochs and position."""
+
+    def __init__(self, fingerprint: str, slot: int) -> None:
+        self.fingerprint = fingerprint
+        self.slot = slot
         self.seed: int | None = None
+        self.epoch_seed = 0  # what this epoch's seeds derive from
         self.epoch = -1  # the epoch of the last iterator made; -1: none yet
         self.skip = 0  # batches the last iterator skipped at its start
+        # The last iterator's count of batches yielded, read from its attributes while it lives
+        # (a finalizer holds them, not the iterator) and kept as it dies: a loop that breaks
+        # drops its iterator, and the position stays, at no cost per batch.
+        self.watch: weakref.finalize | None = None
+        self.final = 0
         self.exhausted = False  # the last iterator raised StopIteration
-        self.iterator: weakref.ref | None = None
+        self.generation = 0  # which iterator counts (an older one may still be iterated)
+        self.workers = False  # the last iterator's batches are fetched by workers
         self.pending: dict | None = None  # from load(): the next iterator's epoch and position
         # The seeds' epoch: (the sampler's own epoch, iterators made since it last changed),
         # or (-1, iterators made) for a sampler without one. A framework that rebuilds the
         # loader (to skip batches, say) still sets the sampler's epoch: the seeds follow it.
         self.key = (-1, 0)
         self.sampler_epoch: int | None = None
-        self.ours: torch.Generator | None = None  # the sampler generator we gave, this epoch
         self.users: torch.Generator | None = None  # a sampler's own generator, if it has one
         self.sampler_state: torch.Tensor | None = None  # and its state at this epoch's start
 
     def begin(self, loader: DataLoader) -> None:
         if self.epoch < 0 and self.pending is None:
-            self.pending = _adopt(loader)
+            self.pending = _adopt(self)
         if self.seed is None:
-            self.seed = torch.initial_seed()
+            self.seed = _seed_of(loader, self.slot)
         restored_generator = None
         resumed_key = None
         if self.pending is not None:
@@ -115,6 +137,8 @@ class _Track:
         else:
             self.epoch, self.skip = self.epoch + 1, 0
         self.exhausted = False
+        self.generation += 1
+        self.workers = loader.num_workers > 0
         sampler = sampler_of(loader)
         live = getattr(sampler, "epoch", None)
         if resumed_key is not None:
@@ -126,22 +150,25 @@ class _Track:
             self.key = (live, self.key[1] + 1)
         else:
             self.sampler_epoch, self.key = live, (live, 0)
+        self.epoch_seed = mix(self.seed, *self.key)
         from slurmddp.training.sampler import ResumableDistributedSampler
 
         if isinstance(sampler, ResumableDistributedSampler) and sampler.start > 0:
             self.skip = 0  # set_epoch(epoch, start=...) resumes it: skipping again would double
+        self.final = 0
         generator: Any = getattr(sampler, "generator", _NONE)
         self.users = self.sampler_state = None
         if generator is _NONE:
             pass
         elif (generator is None or generator is loader.generator
               or generator is getattr(sampler, _GIVEN, None)):  # fmt: skip
-            # It would draw its seed from the global generator (or share the loader's), or has
-            # one we gave it (perhaps through another loader on the same sampler, as Accelerate's
-            # skip_first_batches makes): give it one of this epoch's.
-            self.ours = torch.Generator().manual_seed(mix(self.seed, _SAMPLER, *self.key))
-            sampler.generator = self.ours
-            setattr(sampler, _GIVEN, self.ours)
+            # It would draw its seed from the global generator (or from the user's loader
+            # generator, which torch would advance), or has one we gave it (perhaps through
+            # another loader on the same sampler, as Accelerate's skip_first_batches makes):
+            # give it one of this epoch's.
+            ours = torch.Generator().manual_seed(mix(self.epoch_seed, _SAMPLER))
+            sampler.generator = ours
+            setattr(sampler, _GIVEN, ours)
         else:  # the user's own generator: its state at the epoch's start is the epoch's order
             if restored_generator is not None:
                 generator.set_state(restored_generator)
@@ -149,13 +176,12 @@ class _Track:
             self.sampler_state = generator.get_state()
 
     def state(self, loader: DataLoader) -> dict:
-        """{"seed", "epoch", "consumed", "loader"}: the next iterator's epoch, the batches it
-        skips, and what the loader is (for `expect`)."""
-        seed = self.seed if self.seed is not None else torch.initial_seed()
+        """{"seed", "epoch", "consumed", "loader", "slot"}: the next iterator's epoch, the
+        batches it skips, and which loader it is (for `expect`)."""
         if self.pending is not None:  # loaded, not iterated since: keep what was loaded
             return dict(self.pending)
-        it = self.iterator() if self.iterator is not None else None
-        state: dict[str, Any] = {"seed": seed, "loader": fingerprint(loader)}
+        seed = self.seed if self.seed is not None else _seed_of(loader, self.slot)
+        state: dict[str, Any] = {"seed": seed, "loader": self.fingerprint, "slot": self.slot}
         if self.epoch < 0:
             state |= {"epoch": 0, "consumed": 0}
         elif self.exhausted:
@@ -164,12 +190,37 @@ class _Track:
             if self.users is not None:  # the next epoch starts where this one left it
                 state["sampler_generator"] = self.users.get_state()
         else:
-            yielded = getattr(it, "_num_yielded", 0) if it is not None else 0
-            state |= {"epoch": self.epoch, "consumed": self.skip + yielded,
+            state |= {"epoch": self.epoch, "consumed": self.skip + self.yielded(),
                       "key": list(self.key)}  # fmt: skip
             if self.sampler_state is not None:
                 state["sampler_generator"] = self.sampler_state
         return state
+
+
+    def follow(self, it: Any) -> None:
+        """Count `it`'s batches as this epoch's."""
+        it.__dict__[_TRACK] = (self, self.generation)
+        held = self.watch.peek() if self.watch is not None else None
+        if held is not None and held[0] is it:  # persistent workers: the same iterator again
+            return
+        self.watch = weakref.finalize(it, self._died, it.__dict__, self.generation)
+        self.watch.atexit = False
+
+    def _died(self, attributes: dict, generation: int) -> None:
+        if generation == self.generation:
+            self.final = attributes.get("_num_yielded", 0)
+
+    def yielded(self) -> int:
+        held = self.watch.peek() if self.watch is not None else None
+        return held[2][0].get("_num_yielded", 0) if held is not None else self.final
+
+
+def _seed_of(loader: DataLoader, slot: int) -> int:
+    """The loader's seed: its own generator's initial seed (read, never drawn from), else the
+    process's; told apart by the slot (loaders alive at once over the same kind of data)."""
+    own = loader.generator
+    seed = own.initial_seed() if isinstance(own, torch.Generator) else torch.initial_seed()
+    return seed if slot == 0 else mix(seed, _SLOT, slot)
 
 
 _NONE = object()
@@ -177,16 +228,43 @@ _NONE = object()
 # torch 2.9 or so, a weak reference).
 _GIVEN = "_slurmddp_generator"
 _TRACK = "_slurmddp_track"
-# Every loader that made an iterator in this process (for the note when capture names none).
+_LEFT = "_slurmddp_excluded"
+# Every loader that made an iterator under the seeding (for the note when capture names none).
 _seen: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+# (fingerprint, slot) -> (the loader holding it, its track, its own generator). A slot whose
+# loader is gone is taken by the next loader of that fingerprint, which continues its epochs if
+# it draws from the same generator (the process's, or the same generator object): a loop that
+# makes a new loader every epoch gets a new order every epoch, and a loader given a generator
+# seeded anew starts over, as with torch.
+_slots: dict[tuple[str, int], tuple[weakref.ref, _Track, Any]] = {}
 
 
 def track(loader: DataLoader) -> _Track:
+    """The loader's epochs and position, in a slot of its own (see `_slots`)."""
     found = loader.__dict__.get(_TRACK)
-    if found is None:
-        found = _Track()
-        loader.__dict__[_TRACK] = found
+    if found is not None:
+        return found
+    mine = fingerprint(loader)
+    own = loader.generator
+    slot = 0
+    while True:
+        held = _slots.get((mine, slot))
+        if held is None:
+            found = _Track(mine, slot)
+            break
+        if held[0]() is None:
+            found = held[1] if held[2] is own else _Track(mine, slot)
+            break
+        slot += 1
+    _slots[mine, slot] = (weakref.ref(loader), found, own)
+    loader.__dict__[_TRACK] = found
     return found
+
+
+def exclude(loader: DataLoader) -> DataLoader:
+    """Leave `loader` as torch makes it: torch's seeding, no position kept. Returns it."""
+    loader.__dict__[_LEFT] = True
+    return loader
 
 
 def follow_accelerate_epochs() -> None:
@@ -196,12 +274,13 @@ def follow_accelerate_epochs() -> None:
     RandomSampler has none, so the seeds would count the iterators made, and the loader that
     `skip_first_batches` makes to resume an epoch would draw epoch 0's order (at more than one
     process, where the order comes from the sampler's generator). Written on the sampler, which
-    the rebuilt loader shares, the epoch is what the seeds follow. Idempotent."""
+    the rebuilt loader shares, the epoch is what the seeds follow. Idempotent; `uninstall` puts
+    Accelerate's own back."""
     from accelerate import data_loader  # type: ignore[import-untyped]
 
     for cls in (data_loader.DataLoaderShard, data_loader.DataLoaderDispatcher):
         original = cls.__dict__.get("set_epoch")
-        if original is None or getattr(original, "_slurmddp", False):
+        if original is None or ("set_epoch", cls) in _original:
             continue
 
         def set_epoch(self: Any, epoch: int, _original: Any = original) -> None:
@@ -210,7 +289,7 @@ def follow_accelerate_epochs() -> None:
             if sampler is not None and not callable(getattr(sampler, "set_epoch", None)):
                 sampler.epoch = epoch
 
-        set_epoch._slurmddp = True  # type: ignore[attr-defined]
+        _original["set_epoch", cls] = original
         cls.set_epoch = set_epoch
 
 
@@ -226,14 +305,60 @@ def sampler_of(loader: DataLoader) -> Any:
     return loader.sampler
 
 
+def _base(loader: Any) -> Any:
+    """The DataLoader that iterates: Accelerate's adapters wrap one (``base_dataloader``)."""
+    while "base_dataloader" in getattr(loader, "__dict__", {}):
+        loader = loader.__dict__["base_dataloader"]
+    return loader
+
+
+def _stateful(loader: Any) -> bool:
+    """Whether `loader` keeps its own position (torchdata's Stateful protocol)."""
+    loader = _base(loader)
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None))
+
+
 def state(loader: DataLoader) -> dict:
     """Where `loader` stands: the seed, the epoch of its next (or current) iterator and the
-    batches of it consumed. Plain values (and a generator state tensor), for a checkpoint."""
+    batches of it consumed; or, for a Stateful loader, ``{"stateful": its state_dict()}``.
+    Plain values and tensors, for a checkpoint. Raises NotResumable for a loader whose position
+    is not kept (an IterableDataset's, one excluded, one iterated before `install`)."""
+    loader = _base(loader)
+    if _stateful(loader):
+        return {"stateful": loader.state_dict()}  # type: ignore[attr-defined]
+    what = f"the DataLoader over {type(loader.dataset).__name__}"
+    if isinstance(loader.dataset, IterableDataset):
+        raise NotResumable(
+            f"{what} is an IterableDataset, whose position is its own: give a map-style "
+            "Dataset, or torchdata's StatefulDataLoader over a Stateful dataset, or leave "
+            "loader= out and resume the stream yourself")
+    if loader.__dict__.get(_LEFT):
+        raise NotResumable(f"{what} was excluded from exact loading (loader.exclude): its "
+                           "position is not kept; leave it out of loader=")  # fmt: skip
+    if enabled() and not installed() and _TRACK not in loader.__dict__:
+        raise NotResumable(f"exact data loading is not started, so {what} keeps no position: "
+                           "call slurmddp.init() (or run under python -m slurmddp.run) before "
+                           "its first batch")  # fmt: skip
     return track(loader).state(loader)
 
 
 def load(loader: DataLoader, saved: dict) -> None:
     """Make `loader`'s next iterator the saved epoch, skipping its consumed batches unfetched."""
+    loader = _base(loader)
+    if "stateful" in saved:
+        if not _stateful(loader):
+            raise ValueError(f"the saved position is a Stateful loader's (torchdata's), and "
+                             f"{type(loader).__name__} has no load_state_dict")  # fmt: skip
+        loader.load_state_dict(saved["stateful"])  # type: ignore[attr-defined]
+        return
+    if _stateful(loader):
+        raise ValueError(f"{type(loader).__name__} keeps its own position (load_state_dict), "
+                         "and the saved one is slurmddp's: save and restore it with the same "
+                         "kind of loader")  # fmt: skip
+    if enabled() and not installed():
+        raise NotResumable("exact data loading is not started: call slurmddp.init() (or run "
+                           "under python -m slurmddp.run) before restoring a loader")  # fmt: skip
     track(loader).pending = _checked(saved)
 
 
@@ -245,14 +370,18 @@ def _checked(saved: dict) -> dict:
 
 
 def fingerprint(loader: DataLoader) -> str:
-    """What a loader iterates, the same for a loader a framework rebuilds around the dataset."""
+    """What a loader iterates and in what order: the same for a loader a framework rebuilds
+    around the dataset and its sampler, different for a training and a validation loader."""
     dataset = loader.dataset
     size = len(dataset) if hasattr(dataset, "__len__") else "?"
-    return f"{type(dataset).__name__}[{size}] batch {loader.batch_size}"
+    sampler = sampler_of(loader)
+    shuffled = " shuffled" if getattr(sampler, "shuffle", False) is True else ""
+    return (f"{type(dataset).__name__}[{size}] batch {loader.batch_size} "
+            f"{type(sampler).__name__}{shuffled}")  # fmt: skip
 
 
 # States for loaders not made yet (a framework builds its own from the user's, after the
-# checkpoint is read): the first loader of the same fingerprint to iterate takes one.
+# checkpoint is read): the first loader of the same fingerprint and slot to iterate takes one.
 _expected: list[dict] = []
 
 
@@ -261,10 +390,14 @@ def expect(states: list[dict]) -> None:
     _expected[:] = [_checked(s) for s in states]
 
 
-def _adopt(loader: DataLoader) -> dict | None:
-    mine = fingerprint(loader)
+def _adopt(t: _Track) -> dict | None:
     for i, saved in enumerate(_expected):
-        if saved.get("loader") == mine:
+        name = saved.get("loader")
+        # A state saved before the fingerprint named the sampler: its first part.
+        known = name == t.fingerprint or (
+            "slot" not in saved and isinstance(name, str)
+            and t.fingerprint.startswith(name + " "))  # fmt: skip
+        if known and int(saved.get("slot", 0)) == t.slot:
             return _expected.pop(i)
     return None
 
@@ -280,6 +413,8 @@ def seen_loaders() -> list[DataLoader]:
 
 def inexact(loader: DataLoader) -> list[str]:
     """Why a resume of `loader` cannot be bitwise, if it cannot: one phrase per reason."""
+    if _stateful(loader):
+        return []  # its own protocol's promise, not ours
     reasons = []
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
@@ -291,22 +426,12 @@ def inexact(loader: DataLoader) -> list[str]:
            if _is_generator(value)]  # fmt: skip
     if own and not hasattr(dataset, "state_dict"):
         reasons.append(f"{type(dataset).__name__} draws from generators of its own "
-                       f"({', '.join(own)}), which per-sample seeding does not reach")  # fmt: skip
+                       f"({', '.join(own)}), which per-batch seeding does not reach")  # fmt: skip
     sampler = sampler_of(loader)
     if not _known_sampler(sampler):
         reasons.append(f"the sampler {type(sampler).__name__} is assumed to order an epoch by "
                        "its epoch alone")  # fmt: skip
     return reasons
-
-
-def _fetches_batches(dataset: Any) -> bool:
-    """Whether the fetcher hands `dataset` a whole batch (its own ``__getitems__``): a Subset's
-    passes each key on unless the dataset under it fetches batches itself."""
-    from torch.utils.data import Subset
-
-    if isinstance(dataset, Subset):
-        return _fetches_batches(dataset.dataset)
-    return bool(getattr(dataset, "__getitems__", None))
 
 
 def _is_generator(value: Any) -> bool:
@@ -328,11 +453,12 @@ def _known_sampler(sampler: Any) -> bool:
     return isinstance(sampler, known)
 
 
-# -- what travels to the fetcher: a batch's keys with its epoch's seed -------------------------
+# -- what travels to a worker: a batch's keys with its seed ---------------------------------------
 
 
 class Seeded:
-    """A batch of dataset keys (or one key) and the seed of its epoch, sent to the fetcher."""
+    """A batch of dataset keys (or one key) and its epoch's seed, sent to a worker's fetcher,
+    which seeds the batch by both (`_fetch_seeded`)."""
 
     __slots__ = ("base", "keys")
 
@@ -344,39 +470,10 @@ class Seeded:
         return (Seeded, (self.keys, self.base))
 
 
-def _key_number(key: Any) -> int:
-    if isinstance(key, int):
-        return key
-    return zlib.crc32(repr(key).encode())  # str hashes differ between processes
-
-
-def _seed_sample(base: int, key: Any) -> None:
-    seed = mix(base, _key_number(key))
-    torch.default_generator.manual_seed(seed)  # the CPU's: the training's CUDA stream is not ours
-    random.seed(seed)
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed(seed & 0xFFFFFFFF)
-
-
-def _save_generators() -> tuple:
-    np = sys.modules.get("numpy")
-    return (torch.get_rng_state(), random.getstate(),
-            np.random.get_state() if np is not None else None)  # fmt: skip
-
-
-def _restore_generators(saved: tuple) -> None:
-    torch_state, python_state, numpy_state = saved
-    torch.set_rng_state(torch_state)
-    random.setstate(python_state)
-    if numpy_state is not None:
-        sys.modules["numpy"].random.set_state(numpy_state)
-
-
 class _Indices:
     """The loader's index sampler, seen through its epoch: skips the consumed batches, then
-    sends each batch with its epoch's seed. Read again at every iterator (persistent workers
-    keep this object), so it follows the loader's current epoch."""
+    (with workers) sends each batch with its seed. Read again at every iterator (persistent
+    workers keep this object), so it follows the loader's current epoch."""
 
     def __init__(self, inner: Any, track_: _Track) -> None:
         self.inner = inner
@@ -385,126 +482,209 @@ class _Indices:
     def __len__(self) -> int:
         return len(self.inner)
 
-    def __iter__(self) -> Iterator[Seeded]:
+    def __iter__(self) -> Iterator[Any]:
         t = self.track
-        base = mix(t.seed or 0, _SAMPLE, *t.key)
         it = iter(self.inner)
         for _ in range(t.skip):  # indices only: nothing is fetched for a consumed batch
             if next(it, _NONE) is _NONE:
                 return
+        if not t.workers:
+            yield from it
+            return
+        base = mix(t.epoch_seed, _SAMPLE, dist.rank())
         for keys in it:
             yield Seeded(keys, base)
 
 
-# -- the patches ---------------------------------------------------------------------------------
+class _WorkerStart:
+    """The ``worker_init_fn`` a loader's workers start with: seeds each batch in this worker
+    process (and no other), then runs the user's own. `keyed`: batches come as the sampler gives
+    them (a StatefulDataLoader's, whose position is its own), seeded by the iterator's base seed
+    (which torchdata saves and restores), the rank and the batch's keys."""
 
-_original: dict[str, Any] = {}
+    __slots__ = ("keyed", "user")
+
+    def __init__(self, user: Any, keyed: bool = False) -> None:
+        self.user = user
+        self.keyed = keyed
+
+    def __reduce__(self) -> tuple:
+        return (_WorkerStart, (self.user, self.keyed))
+
+    def __call__(self, worker_id: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and not _in_worker:
+            _in_worker.append(_fetch._MapDatasetFetcher.fetch)
+            if self.keyed:
+                _in_worker.append(mix(info.seed - info.id, _SAMPLE, dist.rank()))
+            _fetch._MapDatasetFetcher.fetch = _fetch_seeded  # type: ignore[method-assign]
+        if self.user is not None:
+            self.user(worker_id)
+
+
+# In a worker: the fetch it had before `_WorkerStart`, and for keyed batches their base.
+_in_worker: list[Any] = []
 
 
 def _fetch_seeded(self: Any, index: Any) -> Any:
-    if not isinstance(index, Seeded):
-        return _original["fetch"](self, index)
-    in_main = torch.utils.data.get_worker_info() is None
-    saved = _save_generators() if in_main else None
+    # A batch is seeded by its keys, not its place: a framework's loader that resumes an epoch
+    # by skipping its first batches (Accelerate's skip_first_batches) numbers them from 0.
+    if isinstance(index, Seeded):
+        base, index = index.base, index.keys
+    elif len(_in_worker) > 1:
+        base = _in_worker[1]
+    else:
+        return _in_worker[0](self, index)
+    keys = index if isinstance(index, list | tuple) else [index]
+    seed = mix(base, *map(_key_number, keys))
+    # A worker's generators are its own process's: the training's are never touched.
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed & 0xFFFFFFFF)
+    return _in_worker[0](self, index)
+
+
+def _key_number(key: Any) -> int:
+    """A dataset key as a number: the same for 5, numpy's 5 and a tensor's 5."""
     try:
-        keys = index.keys
-        if self.auto_collation:
-            if _fetches_batches(self.dataset):
-                _seed_sample(index.base, keys[0] if len(keys) else 0)
-                data = self.dataset.__getitems__(keys)
-            else:
-                data = []
-                for key in keys:
-                    _seed_sample(index.base, key)
-                    data.append(self.dataset[key])
-        else:
-            _seed_sample(index.base, keys)
-            data = self.dataset[keys]
-        return self.collate_fn(data)
-    finally:
-        if saved is not None:
-            _restore_generators(saved)
+        return operator.index(key)
+    except TypeError:
+        return zlib.crc32(repr(key).encode())  # str hashes differ between processes
+
+
+# -- what `install` changes in the training process ---------------------------------------------
+
+_original: dict[Any, Any] = {}
+
+
+def installed() -> bool:
+    """Whether `install` has started exact data loading in this process."""
+    return "iter" in _original
 
 
 def _index_sampler(self: DataLoader) -> Any:
     inner = _original["index_sampler"].fget(self)
     t = self.__dict__.get(_TRACK)
-    if t is None or t.epoch < 0 or isinstance(self.dataset, IterableDataset) or not enabled():
+    if (t is None or t.epoch < 0 or isinstance(self.dataset, IterableDataset) or not enabled()
+            or self.__dict__.get(_LEFT)):  # fmt: skip
         return inner
     return _Indices(inner, t)
 
 
 def _iterating(original: Any) -> Any:
-    """`original` (a loader class's own __iter__) under this module's epochs and seeds."""
+    """`original` (DataLoader's own __iter__) under this module's epochs and seeds."""
 
     def __iter__(self: DataLoader) -> Any:
+        if not enabled() or self.__dict__.get(_LEFT) or _stateful(self):
+            return original(self)
         return _iter(self, original)
 
     return __iter__
 
 
 def _iter(self: DataLoader, original: Any) -> Any:
-    if not enabled():
-        return original(self)
     t = track(self)
     t.begin(self)
     _seen.add(self)
-    persistent = self.persistent_workers and self.num_workers > 0
-    # A persistent loader's workers take their base seed once: the same in every run.
-    key = (0, 0) if persistent else t.key
-    users = self.generator
-    self.generator = torch.Generator().manual_seed(mix(t.seed or 0, _BASE, *key, dist.rank()))
+    users, init = self.generator, self.worker_init_fn
+    base = t.epoch_seed
+    if self.persistent_workers and self.num_workers > 0:
+        base = t.seed or 0  # its workers take their base seed once: the same in every run
+    self.generator = torch.Generator().manual_seed(mix(base, _BASE, dist.rank()))
+    if t.workers and not isinstance(self.dataset, IterableDataset):
+        self.worker_init_fn = _WorkerStart(init)
     try:
         it = original(self)
     finally:
-        self.generator = users
-    it.__dict__[_TRACK] = t
-    t.iterator = weakref.ref(it)
+        self.generator, self.worker_init_fn = users, init
+    t.follow(it)
     return it
 
 
-def _next(self: Any) -> Any:
-    try:
-        return _original["next"](self)
-    except StopIteration:
-        t = self.__dict__.get(_TRACK)
-        if t is not None:
-            t.exhausted = True
-        raise
+def _noting_the_end(original: Any) -> Any:
+    """`original` (the iterators' __next__) noting that an epoch ran out: the next is new."""
+
+    def __next__(self: Any) -> Any:
+        try:
+            return original(self)
+        except StopIteration:
+            mark = self.__dict__.get(_TRACK)
+            if mark is not None and mark[0].generation == mark[1]:
+                mark[0].exhausted = True
+            raise
+
+    return __next__
 
 
 def install() -> None:
-    """Patch torch's DataLoader as the module docstring says; idempotent."""
-    if "iter" in _original:
+    """Start exact data loading in this process, as the module docstring says; idempotent.
+
+    Run by ``slurmddp.init()``, ``python -m slurmddp.run`` and the integrations' objects: before
+    any DataLoader iterates, in a fresh run as in a resumed one (the seeds must match)."""
+    if installed():
         return
-    _install_fetch()
-    _original["iter"] = DataLoader.__iter__
+    _original["iter"] = DataLoader.__dict__["__iter__"]
     _original["index_sampler"] = DataLoader.__dict__["_index_sampler"]
-    _original["next"] = _dataloader._BaseDataLoaderIter.__next__
-    DataLoader.__iter__ = _iterating(DataLoader.__iter__)  # type: ignore[method-assign]
+    _original["next"] = _dataloader._BaseDataLoaderIter.__dict__["__next__"]
+    DataLoader.__iter__ = _iterating(_original["iter"])  # type: ignore[method-assign]
     DataLoader._index_sampler = property(_index_sampler)  # type: ignore[assignment,method-assign]
-    _dataloader._BaseDataLoaderIter.__next__ = _next  # type: ignore[method-assign]
-    # torchdata's StatefulDataLoader makes its iterators itself (from torch's iterator classes):
-    # its position is its own (state_dict), its seeding becomes ours.
+    _dataloader._BaseDataLoaderIter.__next__ = _noting_the_end(  # type: ignore[method-assign]
+        _original["next"])
+    _seed_stateful_workers()
+
+
+def _seed_stateful_workers() -> None:
+    """torchdata's StatefulDataLoader keeps its own position and base seeds: its workers are only
+    given the per-batch seeding (`_WorkerStart`, keyed) as its iterators start them, so that a
+    resumed epoch's augmentation is the uninterrupted one's (torchdata restores the base seed,
+    not what each worker drew since); persistent workers take their base seed once and are left
+    as they are."""
     import importlib.util
 
-    if importlib.util.find_spec("torchdata") is not None:
+    if importlib.util.find_spec("torchdata") is None:
+        return
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+    except ImportError:
+        return
+    original = StatefulDataLoader.__dict__.get("_get_iterator")
+    if original is None:
+        return
+
+    def _get_iterator(self: Any) -> Any:
+        if not enabled() or self.__dict__.get(_LEFT) or isinstance(self.dataset, IterableDataset):
+            return original(self)
+        init = self.worker_init_fn
+        if self.num_workers > 0 and not self.persistent_workers:
+            self.worker_init_fn = _WorkerStart(init, keyed=True)
+        # A resumed iterator still draws its base seed (and an unseeded sampler its seed) from
+        # torch's generator before it puts the saved ones in their place: taken back, on the
+        # thread that makes it, so that the training's stream goes on where it was restored.
+        resumed = torch.get_rng_state() if self.next_iter_state is not None else None
         try:
-            from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
-        except ImportError:
-            return
-        StatefulDataLoader.__iter__ = _iterating(StatefulDataLoader.__iter__)
+            return original(self)
+        finally:
+            self.worker_init_fn = init
+            if resumed is not None:
+                torch.set_rng_state(resumed)
+
+    _original["_get_iterator", StatefulDataLoader] = original
+    StatefulDataLoader._get_iterator = _get_iterator
 
 
-def _install_fetch() -> None:
-    if "fetch" not in _original:
-        _original["fetch"] = _fetch._MapDatasetFetcher.fetch
-        _fetch._MapDatasetFetcher.fetch = _fetch_seeded  # type: ignore[method-assign]
+def uninstall() -> None:
+    """Put torch (and Accelerate) back as they were, and forget every loader's slot."""
+    if installed():
+        DataLoader.__iter__ = _original.pop("iter")  # type: ignore[method-assign]
+        DataLoader._index_sampler = _original.pop("index_sampler")  # type: ignore[method-assign]
+        _dataloader._BaseDataLoaderIter.__next__ = _original.pop("next")  # type: ignore[method-assign]
+    for key in [k for k in _original if isinstance(k, tuple)]:
+        setattr(key[1], key[0], _original.pop(key))
+    _slots.clear()
+    _expected.clear()
 
 
-# A spawned or forkserver worker imports this module when it unpickles its first Seeded batch:
-# its fetcher must understand them. Harmless elsewhere (only Seeded batches take the new path).
-_install_fetch()
-
-__all__ = ["enabled", "expect", "fingerprint", "inexact", "install", "load", "mix",
-           "sampler_of", "state", "tracked"]
+__all__ = ["NotResumable", "enabled", "exclude", "expect", "fingerprint", "inexact", "install",
+           "installed", "load", "mix", "sampler_of", "state", "tracked", "uninstall"]

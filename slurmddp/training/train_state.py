@@ -62,7 +62,8 @@ def capture(
     `position` is the number of samples (global, all ranks) consumed so far in this epoch; a
     ResumableDistributedSampler resumes from it. A DDP or DataParallel `model` is saved as the
     module it wraps, so the keys match an unwrapped model. `loader`, a DataLoader, is saved at
-    its epoch and batch (`slurmddp.training.loader.state`).
+    its epoch and batch (`slurmddp.training.loader.state`; a Stateful loader, torchdata's, by its
+    own state_dict); one whose position is not kept (an IterableDataset's) raises CheckpointError.
     """
     state: dict[str, Any] = {"step": int(step), "epoch": int(epoch), "position": int(position)}
     if model is not None:
@@ -83,8 +84,12 @@ def capture(
     if loader is not None:
         from slurmddp.training import loader as loading
 
+        try:
+            here = loading.state(loader)
+        except loading.NotResumable as e:
+            raise CheckpointError(f"train_state.capture(loader=...): {e}") from None
         # Per rank, as the generators: a script may seed each rank's torch differently.
-        state["loader"] = per_rank(loading.state(loader))
+        state["loader"] = per_rank(here)
     _note_data_once(loader)
     if rng:
         state["rng"] = per_rank(capture_rng())
@@ -179,6 +184,8 @@ def restore(
 
         try:
             loading.load(loader, own(part("loader")))
+        except loading.NotResumable as e:
+            raise CheckpointError(f"train_state.restore(loader=...): {e}") from None
         except ValueError as e:
             raise _misfit("loader", str(e)) from e
     elif "loader" in state and dist.rank() == 0:

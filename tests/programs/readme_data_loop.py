@@ -88,6 +88,11 @@ def main() -> None:
 
     dist = slurmddp.init("gloo")
     torch.manual_seed(0)
+    # Without workers the samples draw from this process's generators, as in torch: the test
+    # compares with an uninterrupted run in other processes, so all three are seeded (python's
+    # and numpy's start from the OS's entropy otherwise). The resume itself needs no seed.
+    np.random.seed(0)
+    random.seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1),
                                 torch.nn.Linear(64, 1))
     ddp = DistributedDataParallel(model)

@@ -1,6 +1,10 @@
-"""slurmddp.training.loader: a DataLoader's randomness from (seed, epoch, sample), resumed exactly.
+"""slurmddp.training.loader: a DataLoader resumed at its epoch and batch, with the uninterrupted
+run's order and augmentation.
 
-In-process tables first (a fresh DataLoader stands for the resumed process); then the guide's
+In-process tables first (a fresh DataLoader after `fresh()` stands for the resumed process: the
+loading is started anew, as `slurmddp.init()` starts it); then what a user does that the design
+did not aim at (a thread, a `break`, their own generators, torchdata's own protocol, an
+IterableDataset), and what `install` changes and puts back; then the guide's
 loop (docs/guide/preemption.md) as a user fills it in (tests/programs/readme_data_loop.py:
 dropout, random augmentation from torch, numpy and random, an ordinary DataLoader), and the
 README's quick-start block itself (tests/programs/readme_quickstart.py), preempted at 2 ranks
@@ -12,6 +16,9 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +26,25 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
+from slurmddp.errors import CheckpointError
 from slurmddp.training import loader as exact
 from slurmddp.training import train_state
-from tests.conftest import PROGRAMS, ROOT
+from tests.conftest import PROGRAMS, ROOT, launcher_free_env
 from tests.training.test_train_state import run_ranks
+
+
+@pytest.fixture(autouse=True)
+def started():
+    """Exact loading started for the test, and torch put back after it."""
+    exact.install()
+    yield
+    exact.uninstall()
+
+
+def fresh() -> None:
+    """As a new process starts: the loading started anew, no loader's epochs remembered."""
+    exact.uninstall()
+    exact.install()
 
 
 class Augmented(Dataset):
@@ -46,20 +68,38 @@ def make(workers: int = 0, method: str | None = None, persistent: bool = False,
 
 
 def run(loader: DataLoader, epochs: int, stop: int | None = None, saved: dict | None = None):
-    """Batches over `epochs` epochs (from `saved`); with `stop`, also the state after it."""
+    """Batches over `epochs` epochs (from `saved`); with `stop`, also the state after it. The
+    generators are in the state too, as `train_state.capture` saves them."""
     if saved is not None:
+        train_state.restore_rng(saved["rng"])
         exact.load(loader, saved)
     out = []
     for _ in range(epochs):
         for batch in loader:
             out.append(batch)
             if len(out) == stop:
-                return out, exact.state(loader)
+                return out, exact.state(loader) | {"rng": train_state.capture_rng()}
     return out, None
 
 
+def seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def straight(factory, epochs: int) -> list:
+    fresh()
+    seed_all(0)
+    return run(factory(), epochs)[0]
+
+
 def resumed(factory, epochs: int, stop: int) -> list:
+    fresh()
+    seed_all(0)
     first, saved = run(factory(), epochs, stop=stop)
+    fresh()
+    seed_all(1)  # the resumed process's own start: the state puts the generators back
     rest, _ = run(factory(), epochs - saved["epoch"], saved=saved)
     return first + rest
 
@@ -80,32 +120,35 @@ LOADERS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def with_workers():
+    """The uninterrupted batches of a loader whose workers fetch them (forked; how they start
+    changes no seed, which each case below shows by equalling it)."""
+    return straight(lambda: make(2, "fork"), 3)
+
+
 @pytest.mark.parametrize(("workers", "method", "persistent", "stops"), LOADERS)
 @pytest.mark.ranks
 def test_a_resumed_loader_yields_what_the_uninterrupted_one_did(workers, method, persistent,
-                                                                stops):  # fmt: skip
-    torch.manual_seed(0)
-
+                                                                stops, request):  # fmt: skip
     def factory():
         return make(workers, method, persistent)
 
-    # The reference is the loader without workers: each resumed loader below yields every batch
-    # from its workers (those before the stop and those after), so its equality with it is also
-    # that the samples' augmentation depends on neither the workers nor how they start. (Each
-    # iterator of a loader with workers starts them: with spawn, two interpreters importing
-    # torch.)
-    reference, _ = run(make(), 3)
+    # In the process, the samples draw from the training's generators (which the state holds);
+    # in workers, from each batch's seed. (Each iterator of a loader with workers starts them:
+    # with spawn, two interpreters importing torch.)
+    reference = request.getfixturevalue("with_workers") if workers else straight(factory, 3)
     assert len(reference) == 21
     for stop in stops:
         assert same(resumed(factory, 3, stop), reference), stop
 
 
-def test_loading_never_draws_from_the_training_generators():
+def test_workers_never_draw_from_the_training_generators():
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
     before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    run(make(), 2)
+    run(make(2, "fork"), 2)
     assert torch.equal(before[0], torch.get_rng_state())
     assert (before[1] == np.random.get_state()[1]).all() and before[2] == random.getstate()
 
@@ -115,10 +158,10 @@ def test_the_control_without_the_seeding_drifts(monkeypatch):
     # resumed process has elsewhere, and the consumed batches come again.
     monkeypatch.setenv("SLURMDDP_EXACT_DATA", "0")
     torch.manual_seed(0)
-    reference, _ = run(make(), 3)
-    first, _ = run(make(), 3, stop=4)
+    reference, _ = run(make(2, "fork"), 3)
+    first, _ = run(make(2, "fork"), 3, stop=4)
     torch.manual_seed(0)  # as the resumed process starts
-    rest, _ = run(make(), 3)
+    rest, _ = run(make(2, "fork"), 3)
     assert not same(first + rest[: len(reference) - 4], reference)
 
 
@@ -139,8 +182,9 @@ def test_a_consumed_batch_is_not_fetched_again():
 
 def test_the_state_is_the_next_iterators_epoch_and_position():
     loader = make()
-    assert exact.state(loader) | {"seed": 0} == {"seed": 0, "epoch": 0, "consumed": 0,
-                                                 "loader": "Augmented[20] batch 3"}
+    assert exact.state(loader) | {"seed": 0} == {
+        "seed": 0, "epoch": 0, "consumed": 0, "loader": "Augmented[20] batch 3 RandomSampler",
+        "slot": 0}  # fmt: skip
     it = iter(loader)
     next(it), next(it)
     assert exact.state(loader)["epoch"] == 0 and exact.state(loader)["consumed"] == 2
@@ -158,7 +202,7 @@ def test_a_sampler_with_a_generator_of_its_own_resumes_from_its_saved_state():
         g = torch.Generator().manual_seed(7)
         return make(sampler=RandomSampler(range(20), generator=g))
 
-    reference, _ = run(factory(), 3)
+    reference = straight(factory, 3)
     for stop in (4, 7, 9):
         assert same(resumed(factory, 3, stop), reference), stop
 
@@ -187,9 +231,7 @@ def test_other_loader_shapes_resume_exactly(kind):
             return make(dataset=Batched(), workers=2, method="fork")
         return make(sampler=WeightedRandomSampler([1.0] * 20, 20))
 
-    torch.manual_seed(0)
-    reference, _ = run(factory(), 2)
-    assert same(resumed(factory, 2, 3), reference)
+    assert same(resumed(factory, 2, 3), straight(factory, 2))
 
 
 def test_what_cannot_be_exact_is_named():
@@ -210,12 +252,14 @@ def test_what_cannot_be_exact_is_named():
 
 
 def test_capture_and_restore_carry_the_loader(tmp_path, capsys):
-    torch.manual_seed(0)
-    reference, _ = run(make(), 2)
+    reference = straight(make, 2)
+    fresh()
+    seed_all(0)
     loader = make()
     it = iter(loader)
     first = [next(it) for _ in range(5)]
     state = train_state.capture(loader=loader, step=5)
+    fresh()
     other = make()
     train_state.restore(state, loader=other)
     rest, _ = run(other, 2 - state["loader"]["epoch"])
@@ -234,6 +278,238 @@ def test_a_loop_that_names_no_loader_is_told_once_at_its_first_save(monkeypatch,
     err = capsys.readouterr().err
     assert err.count("is in use but train_state.capture was given no loader=") == 1, err
     assert err.startswith("slurmddp: a DataLoader over "), err
+
+
+# -- what users do that the design did not aim at (issue 44: each failed before) -------------
+
+
+class Plain(Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_a_loader_iterated_by_another_thread_leaves_the_training_threads_numbers_alone():
+    # A prefetching thread iterates the loader while the training thread draws: the training
+    # thread's numbers are torch's own stream (before, 18,752 of 20,000 differed).
+    torch.manual_seed(0)
+    reference = torch.rand(20_000)
+    torch.manual_seed(0)
+    loader = DataLoader(Plain(), batch_size=4, shuffle=True)
+    stop = threading.Event()
+    fetched = []
+
+    def prefetch() -> None:
+        for batch in loader:
+            fetched.append(batch)
+            if stop.is_set():
+                return
+
+    thread = threading.Thread(target=prefetch)
+    thread.start()
+    drawn = torch.stack([torch.rand(()) for _ in range(20_000)])
+    stop.set()
+    thread.join()
+    assert fetched and torch.equal(drawn, reference)
+
+
+def test_the_loaders_own_generators_decide_its_order_and_augmentation():
+    def batches(seed: int, workers: int = 0) -> list:
+        g = torch.Generator().manual_seed(seed)
+        return list(make(workers, "fork" if workers else None, generator=g))
+
+    one, two = batches(1), batches(2)
+    assert not any(torch.equal(a[:, 0], b[:, 0]) for a, b in zip(one, two, strict=True))
+    # A generator seeded again starts over, as torch's does (in the process the augmentation
+    # is the training's stream, which went on).
+    assert all(torch.equal(a[:, 0], b[:, 0]) for a, b in zip(batches(1), one, strict=True))
+    with_workers = batches(1, workers=2), batches(2, workers=2)
+    assert not any(torch.equal(a, b) for a, b in zip(*with_workers, strict=True))
+    assert same(batches(1, workers=2), with_workers[0])
+
+
+def test_a_loader_with_its_own_generator_resumes_exactly():
+    def factory():
+        return make(generator=torch.Generator().manual_seed(5))
+
+    for stop in (4, 7, 9):
+        assert same(resumed(factory, 3, stop), straight(factory, 3)), stop
+
+
+def test_two_loaders_alive_at_once_are_not_correlated():
+    # Paired, teacher and student: the same data, no generators of their own.
+    torch.manual_seed(0)
+    first, second = make(2, "fork"), make(2, "fork")
+    a, b = list(first), list(second)
+    assert not any(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_new_loader_every_epoch_gets_a_new_order_every_epoch():
+    torch.manual_seed(0)
+    orders = [torch.cat([b[:, 0] for b in make()]) for _ in range(3)]
+    assert len({tuple(o.tolist()) for o in orders}) == 3
+
+
+def test_each_rank_augments_a_sample_its_own_way(monkeypatch):
+    # DistributedSampler pads with duplicates, repeated-augmentation samplers repeat samples on
+    # purpose: the same sample on two ranks is not augmented alike.
+    def on_rank(rank: int) -> list:
+        monkeypatch.setenv("RANK", str(rank))
+        fresh()
+        torch.manual_seed(0)
+        return list(make(2, "fork", shuffle=False))
+
+    zero, one = on_rank(0), on_rank(1)
+    assert all(torch.equal(a[:, 0], b[:, 0]) for a, b in zip(zero, one, strict=True))
+    assert not any(torch.equal(a[:, 1:], b[:, 1:]) for a, b in zip(zero, one, strict=True))
+
+
+def test_a_loop_that_breaks_mid_epoch_keeps_its_place():
+    def factory():
+        return make()
+
+    reference = straight(factory, 2)
+    fresh()
+    seed_all(0)
+    loader = factory()
+    first = []
+    for step, batch in enumerate(loader):
+        first.append(batch)
+        if step == 2:
+            break
+    state = train_state.capture(loader=loader)
+    del loader  # the iterator is long gone: the position is the loader's
+    fresh()
+    other = factory()
+    train_state.restore(state, loader=other)
+    rest, _ = run(other, 2)
+    assert state["loader"]["consumed"] == 3
+    assert same(first + rest, reference)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torchdatas_own_resume_is_left_to_it_and_carried_by_capture(workers, tmp_path):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def factory():
+        return stateful.StatefulDataLoader(Augmented(), batch_size=3, shuffle=True,
+                                           num_workers=workers)  # fmt: skip
+
+    def rows(batches) -> list:
+        return [row for b in batches for row in b.tolist()]
+
+    seed_all(0)
+    loader = factory()
+    reference = rows(b for _ in range(2) for b in loader)
+    # Its own protocol: state_dict mid-epoch 1, load_state_dict in a fresh loader (before,
+    # with slurmddp imported, 3 samples came twice and 3 never); the augmentation in workers
+    # is seeded by batch, so that it too is the uninterrupted run's.
+    for through_capture in (False, True):
+        fresh()
+        seed_all(0)
+        loader = factory()
+        seen = rows(loader)
+        it = iter(loader)
+        seen += rows([next(it), next(it)])
+        if through_capture:  # and what a checkpoint holds: weights-only loadable
+            torch.save(train_state.capture(loader=loader), tmp_path / "s.pt")
+            saved = torch.load(tmp_path / "s.pt", weights_only=True)
+        else:
+            saved = {"loader": loader.state_dict(), "rng": train_state.capture_rng()}
+        del it, loader
+        fresh()
+        seed_all(3)
+        again = factory()
+        if through_capture:
+            train_state.restore(saved, loader=again)
+        else:
+            again.load_state_dict(saved["loader"])
+            train_state.restore_rng(saved["rng"])
+        seen += rows(again)
+        assert [r[0] for r in seen] == [r[0] for r in reference], through_capture  # the order
+        assert seen == reference, through_capture  # and the augmentation
+
+
+def test_an_iterable_datasets_loader_is_refused_at_the_first_save_in_one_line():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(CheckpointError) as refused:
+        train_state.capture(loader=DataLoader(Stream()))
+    message = str(refused.value)
+    assert "\n" not in message and "IterableDataset" in message and "StatefulDataLoader" in message
+
+
+def test_an_excluded_loader_is_torchs_own_and_keeps_no_position():
+    def order(loader: DataLoader) -> list:
+        torch.manual_seed(0)
+        return [b[:, 0].tolist() for b in loader]
+
+    exact.uninstall()
+    torchs = order(make())
+    exact.install()
+    assert order(make()) != torchs
+    excluded = exact.exclude(make())
+    assert order(excluded) == torchs
+    with pytest.raises(CheckpointError, match="excluded"):
+        train_state.capture(loader=excluded)
+
+
+def test_a_loader_iterated_before_the_start_is_refused_not_resumed_wrong():
+    exact.uninstall()
+    loader = make()
+    next(iter(loader))
+    with pytest.raises(CheckpointError, match=r"call slurmddp.init\(\)"):
+        train_state.capture(loader=loader)
+
+
+def test_a_saved_state_goes_to_its_own_loader_not_a_lookalike():
+    # Lightning's sanity check iterates the validation loader before the training one: the same
+    # dataset size and batch, another sampler.
+    fresh()
+    train = make()
+    it = iter(train)
+    next(it), next(it)
+    saved = exact.state(train)
+    fresh()
+    exact.expect([saved])
+    validation, train = make(shuffle=False), make()
+    next(iter(validation))
+    assert exact.state(validation)["consumed"] == 1
+    next(iter(train))
+    assert exact.state(train)["consumed"] == 3
+
+
+def test_nothing_is_changed_in_torch_on_import_and_install_puts_it_back():
+    code = (
+        "import torch.utils.data as d, torch.utils.data._utils.fetch as f\n"
+        "before = (d.DataLoader.__dict__['__iter__'], d.DataLoader.__dict__['_index_sampler'],\n"
+        "          d.dataloader._BaseDataLoaderIter.__dict__['__next__'],\n"
+        "          f._MapDatasetFetcher.__dict__['fetch'])\n"
+        "def now():\n"
+        "    return (d.DataLoader.__dict__['__iter__'], d.DataLoader.__dict__['_index_sampler'],\n"
+        "            d.dataloader._BaseDataLoaderIter.__dict__['__next__'],\n"
+        "            f._MapDatasetFetcher.__dict__['fetch'])\n"
+        "import slurmddp, slurmddp.training, slurmddp.training.train_state\n"
+        "from slurmddp.training import loader, sampler\n"
+        "import slurmddp.integrations.lightning, slurmddp.integrations.accelerate\n"
+        "import slurmddp.integrations.transformers, accelerate.data_loader as a\n"
+        "epochs = a.DataLoaderShard.__dict__['set_epoch']\n"
+        "print('import', now() == before and a.DataLoaderShard.__dict__['set_epoch'] is epochs)\n"
+        "loader.install(); loader.follow_accelerate_epochs()\n"
+        "print('install', [x is y for x, y in zip(now(), before)])\n"
+        "loader.uninstall()\n"
+        "same = a.DataLoaderShard.__dict__['set_epoch'] is epochs\n"
+        "print('uninstall', now() == before and same)\n"
+    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=launcher_free_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "import True", "install [False, False, False, True]", "uninstall True"], done.stdout
 
 
 # -- the guide's loop, as a user fills it in, in real processes -------------------------------
@@ -256,17 +532,18 @@ def preempted(checkpoints, stops: str, *args: str, world: int = 2, **env: str) -
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The uninterrupted loop's digest by (sampler, world), each run once: how the samples are
-    loaded (workers, how they start) changes none of them (test_a_resumed_loader_yields_...)."""
-    digests: dict[tuple[str, int], set] = {}
+    """The uninterrupted loop's digest by (sampler, world, whether workers fetch), each run once:
+    how workers start and persist changes none of them (test_a_resumed_loader_yields_...)."""
+    digests: dict[tuple[str, int, bool], set] = {}
 
-    def digest(sampler: str, world: int) -> set:
-        if (sampler, world) not in digests:
+    def digest(sampler: str, world: int, workers: bool) -> set:
+        if (sampler, world, workers) not in digests:
             work = tmp_path_factory.mktemp(f"uninterrupted-{sampler}-{world}")
-            digests[sampler, world] = {r["digest"] for r in run_loop(work, "--sampler", sampler,
-                                                                     world=world)}  # fmt: skip
-            assert len(digests[sampler, world]) == 1
-        return digests[sampler, world]
+            loading = ["--workers", "2", "--start-method", "fork"] if workers else []
+            digests[sampler, world, workers] = {
+                r["digest"] for r in run_loop(work, "--sampler", sampler, *loading, world=world)}
+            assert len(digests[sampler, world, workers]) == 1
+        return digests[sampler, world, workers]
 
     return digest
 
@@ -295,7 +572,7 @@ def uninterrupted(tmp_path_factory):
 def test_the_readme_loop_with_dropout_and_augmentation_resumes_bitwise(tmp_path, uninterrupted,
                                                                         sampler, loading,
                                                                         stops):  # fmt: skip
-    reference = uninterrupted(sampler, 2)
+    reference = uninterrupted(sampler, 2, "--workers" in loading)
     assert preempted(tmp_path / "b", stops, "--sampler", sampler, *loading) == reference
 
 
