@@ -287,9 +287,10 @@ def job_fields(cluster, job_id: str) -> dict[str, str]:
 
 
 def latest_checkpoint(directory: Path) -> int | None:
-    """The step `load_latest` loads from `directory`, in a fresh process (a world of one)."""
-    code = ("import sys, slurmddp; c = slurmddp.Checkpointer(sys.argv[1]).load_latest(); "
-            "print(c.step if c else -1)")  # fmt: skip
+    """The step `load_latest` loads from `directory`, in a fresh process (a world of one): another
+    run than the job's, so it asks for the job's checkpoints by their path."""
+    code = ("import sys, slurmddp; c = slurmddp.Checkpointer(sys.argv[1], resume_from=sys.argv[1])"
+            ".load_latest(); print(c.step if c else -1)")  # fmt: skip
     r = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True,
                        text=True, timeout=120, env=launcher_free_env())  # fmt: skip
     assert r.returncode == 0, r.stderr
