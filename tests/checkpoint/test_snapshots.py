@@ -412,18 +412,28 @@ def run_world(work: Path, nodes: list[str], *args: str,
                                                **env))
         for r, node in enumerate(nodes)
     ]  # fmt: skip
+    def killed() -> bool:
+        return any(p.returncode == -signal.SIGKILL for p in procs)
+
+    def end_groups() -> None:  # each rank's process group: its DataLoader workers too
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+
     deadline = time.monotonic() + 240
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        if any(p.returncode == -signal.SIGKILL for p in procs):
-            for p in procs:  # the rank's process group: its DataLoader workers too
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+        if killed():
+            end_groups()
         time.sleep(0.1)
+    # And when every rank died between two looks: a worker forked in the instant before its rank
+    # died takes the init process for its parent (torch's watchdog reads the parent as it starts)
+    # and never ends, holding the ranks' pipes (seen: the run's pipes open for 24 minutes).
+    if killed():
+        end_groups()
     outs = [p.communicate(timeout=60) for p in procs]
     lines = "\n".join(line for line in outs[0][1].splitlines() if line.startswith("slurmddp:"))
     # A rank killed, the others may fail first, on the collective it left (gloo says so).
-    killed = any(p.returncode == -signal.SIGKILL for p in procs)
-    assert killed or all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    assert killed() or all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
     return [r for out, _ in outs for r in tagged_json(out, "RESULT ")], lines
 
 
