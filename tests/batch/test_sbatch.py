@@ -470,6 +470,22 @@ def test_the_batch_shell_requeues_when_rank_0_asks(tmp_path, case, env, status, 
     assert not (out / "7" / "requeue").exists() and not (out / "7" / "done").exists()
 
 
+@pytest.mark.parametrize("command", ["unset ", "echo \"slurmddp: job", "rm -f -- ", "set -u"])
+def test_a_stop_signal_at_any_command_before_the_step_requeues_without_starting_it(tmp_path,
+                                                                                  command):
+    # Slurm may signal the batch shell at any instant of its start (a preemption, a --signal time
+    # of a short limit): at the first command it runs, the trap must already be set. BASH_ENV's
+    # DEBUG trap sends the signal just before the named command runs.
+    (tmp_path / "early.bash").write_text(
+        "trap '[[ -z ${sent:-} && $BASH_COMMAND == \"$AT\"* ]] && sent=1 && kill -USR2 $$' DEBUG\n")
+    r, _, recorded = run_decision(tmp_path, {"BASH_ENV": str(tmp_path / "early.bash"),
+                                             "AT": command, "LEAVE": "USR2"})  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "USR2 came before the step started: not starting it" in r.stderr
+    assert "stopped (signal, USR2, before the step started) at restart 0" in r.stderr
+    assert recorded == ["scontrol requeue 7"]  # no step
+
+
 def test_a_failure_laid_on_a_node_requeues_the_job_without_it(tmp_path):
     ecc = ("slurmddp: rank 5 (host n2) failed: RuntimeError: CUDA error: uncorrectable ECC error "
            "encountered")  # fmt: skip

@@ -14,6 +14,38 @@
 #   <output dir>/<job id>.batch.log        this shell: setup, srun's own messages
 #   <output dir>/<job id>/rank-<rank>.log   each rank's output
 
+# Signals are taken before this shell's first command: the stop signal would otherwise end it (a
+# preemption, or the --signal time of a short limit, can come at any instant, setup included).
+# The step runs in the background so that this shell takes them while it waits (bash runs a trap
+# only between commands). The stop signal is left in the stop file for ranks not yet able to take
+# it, then passed on to srun, which passes it on to every task; not in srun's first seconds,
+# which it would kill or drop. TERM is only noted: Slurm sends it to every step itself, and srun
+# would answer a forwarded TERM by killing the step. Never trap CONT: Slurm sends it along with
+# both, and bash then loses the other trap.
+step=
+step_started=0
+stop_file=  # set once an earlier run's is removed: a signal before then starts no step anyway
+received=  # the signals trapped, for the decision
+interrupted=0
+on_stop() {
+    received="$received $1"
+    interrupted=1
+    if [[ -n $stop_file ]]; then echo "$1" >"$stop_file" 2>/dev/null || true; fi
+    if [[ -z $step ]]; then return; fi
+    local early=$((step_started + 2 - SECONDS))
+    if ((early > 0)); then
+        (sleep "$early"; kill -s "$1" "$step" 2>/dev/null) &
+    else
+        kill -s "$1" "$step" 2>/dev/null || true
+    fi
+}
+on_term() {
+    received="$received TERM"
+    interrupted=1
+}
+trap 'on_stop USR2' USR2
+trap on_term TERM
+
 # sbatch passes the submitting shell's environment on: launcher variables left there (a torchrun
 # tried by hand) must not decide the ranks, nor the run id of a job that submitted this one name
 # this one's run. --env values (a run id given there included) are exported after the setup lines.
@@ -56,36 +88,7 @@ fi
 rm -f -- "$SLURMDDP_REQUEUE_FILE" "$SLURMDDP_FAILURE_FILE" "$SLURMDDP_STOP_FILE" \
     "$SLURMDDP_NODES_LOST_FILE"
 rm -rf -- "$SLURMDDP_HANG_DIR/.state"
-
-# Signals are taken from here on, setup included: the stop signal would otherwise end this shell.
-# The step runs in the background so that this shell takes them while it waits (bash runs a trap
-# only between commands). The stop signal is left in the stop file for ranks not yet able to take
-# it, then passed on to srun, which passes it on to every task; not in srun's first seconds,
-# which it would kill or drop. TERM is only noted: Slurm sends it to every step itself, and srun
-# would answer a forwarded TERM by killing the step. Never trap CONT: Slurm sends it along with
-# both, and bash then loses the other trap.
-step=
-step_started=0
-received=  # the signals trapped, for the decision
-interrupted=0
-on_stop() {
-    received="$received $1"
-    interrupted=1
-    echo "$1" >"$SLURMDDP_STOP_FILE" 2>/dev/null || true
-    if [[ -z $step ]]; then return; fi
-    local early=$((step_started + 2 - SECONDS))
-    if ((early > 0)); then
-        (sleep "$early"; kill -s "$1" "$step" 2>/dev/null) &
-    else
-        kill -s "$1" "$step" 2>/dev/null || true
-    fi
-}
-on_term() {
-    received="$received TERM"
-    interrupted=1
-}
-trap 'on_stop USR2' USR2
-trap on_term TERM
+stop_file=$SLURMDDP_STOP_FILE
 
 set -eo pipefail  # a failing setup line (module load, venv activation) ends the job here
 module load cuda/12.1
