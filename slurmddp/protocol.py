@@ -34,6 +34,9 @@ RUN_ID_VAR: Final = "SLURMDDP_RUN_ID"
 # another node (slurmddp.checkpoint.snapshots): a directory in the node's memory or on its own
 # disk, never a shared file system. Default /dev/shm.
 SNAPSHOT_DIR_VAR: Final = "SLURMDDP_SNAPSHOT_DIR"
+# Seconds a snapshot's transfer waits for a peer (plus a second per 50 MiB of its shard) before
+# that snapshot is given up on every rank; training goes on. Default 10.
+SNAPSHOT_TIMEOUT_VAR: Final = "SLURMDDP_SNAPSHOT_TIMEOUT"
 # The documentation site's root that --help links to, for a centre hosting its own copy.
 DOCS_URL_VAR: Final = "SLURMDDP_DOCS_URL"
 

@@ -67,8 +67,9 @@ class Worker:
         self._idle.clear()
         self._jobs.put((fn, args))
 
-    def wait(self) -> None:
-        self._idle.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the call in flight (at most `timeout` seconds); whether it is done."""
+        return self._idle.wait(timeout)
 
     def _run(self) -> None:
         while True:

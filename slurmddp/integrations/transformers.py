@@ -141,6 +141,4 @@ def _write_out(trainer: Trainer, step: int, state: dict[str, Any], parent: str) 
 
 def _node_local() -> str:
     """Beside this node's snapshots: its memory, unless configured otherwise."""
-    root = store.root(os.environ)
-    root.mkdir(parents=True, exist_ok=True)
-    return str(root)
+    return str(store.private_root(os.environ))

@@ -21,57 +21,13 @@ import pytest
 import torch
 
 from slurmddp import Checkpointer
-from slurmddp.checkpoint.snapshots import Snapshots, flat, plan, store
+from slurmddp.checkpoint.snapshots import Snapshots, flat, store
 from slurmddp.checkpoint.snapshots.pace import Pace
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard
 from slurmddp.errors import CheckpointError
 from tests.conftest import free_port, launcher_free_env, tagged_json
 
 PROGRAM = str(Path(__file__).resolve().parents[1] / "programs" / "readme_data_loop.py")
-
-
-# -- the rules ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("nodes, keepers", [
-    (["n1", "n1", "n2", "n2"], {0: 2, 1: 3, 2: 0, 3: 1}),
-    (["n1", "n2", "n3"], {0: 1, 1: 2, 2: 0}),
-    (["n1", "n1", "n1", "n2"], {0: 3, 1: 3, 2: 3, 3: 0}),  # a node of fewer ranks keeps more
-    (["n1", "n1"], {}),  # one node: no other node to keep a replica
-])  # fmt: skip
-def test_each_rank_has_a_replica_kept_on_the_next_node(nodes, keepers):
-    assert plan.replica_keepers(nodes) == keepers
-    assert all(nodes[rank] != nodes[keeper] for rank, keeper in keepers.items())
-
-
-def shards(step: int, ranks, world: int = 4) -> list[Shard]:
-    return [Shard(step, r, world, 1000 * step + r, 10) for r in ranks]
-
-
-def test_the_newest_complete_step_is_chosen_and_missing_shards_come_from_a_holder():
-    # n2 was lost and n3 took its ranks: n1 has its own shards and n2's replicas of step 8;
-    # step 9 was being taken (rank 1's replica never reached n2, then n2 was lost).
-    held = {"n1": shards(8, range(4)) + shards(9, [0, 1, 2]), "n3": []}
-    nodes = ["n1", "n1", "n3", "n3"]
-    recovery, why = plan.choose(held, nodes, newer_than=5)
-    assert recovery is not None and recovery.step == 8
-    assert recovery.shards == tuple(shards(8, range(4)))
-    assert [(f.shard.rank, f.sender, f.receiver) for f in recovery.fetches] == [(2, 0, 2),
-                                                                                (3, 0, 3)]
-    assert why == "the snapshot of step 9 lacks the shards of rank 3 (lost with their nodes)"
-
-
-@pytest.mark.parametrize("held, nodes, newer_than, step, fetched", [
-    ({"n1": shards(4, [0, 1])}, ["n1", "n1"], 4, None, 0),  # not newer than the checkpoint
-    ({"n1": shards(4, [0, 1])}, ["n1", "n1"], None, 4, 0),
-    ({"n1": shards(4, [0])}, ["n1", "n1", "n1"], None, None, 0),  # rank 1's is nowhere
-    ({"n1": shards(6, range(4)), "n2": shards(6, range(4))}, ["n1", "n2"], 2, 6, 0),  # shrink
-    ({"n1": shards(6, [0, 1], world=2)}, ["n1", "n2", "n2"], 2, 6, 2),  # grow: rank 0's for 2
-])  # fmt: skip
-def test_what_is_chosen(held, nodes, newer_than, step, fetched):
-    recovery, _ = plan.choose(held, nodes, newer_than)
-    assert (recovery and recovery.step) == step
-    assert (len(recovery.fetches) if recovery else 0) == fetched
 
 
 # -- the format ---------------------------------------------------------------------------------
@@ -258,56 +214,6 @@ def test_an_evaluation_after_a_snapshot_leaves_the_spacing_as_it_was(tmp_path, m
     assert max(gaps) <= 12 and step - taken[-1] <= 12, (taken, evaluated)
 
 
-def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tmp_path):
-    node = NodeStore(tmp_path / "n1")
-    written = [Shard(step, rank, 4, step + rank, 3) for step in (3, 4, 5) for rank in (0, 2)]
-    for shard in written:
-        node.put(shard, b"abc")
-    (node.directory / f".{Shard(6, 0, 4, 6).name}.tmp-1").write_bytes(b"a")  # a write cut short
-    assert node.shards()[0] == Shard(3, 0, 4, 3, 3) and len(node.shards()) == 6
-    left = node.prune(written[0::2], 2)  # what rank 0 wrote: rank 2's are its own to prune
-    assert [(s.step, s.rank) for s in left] == [(4, 0), (5, 0)]
-    assert sorted((s.step, s.rank) for s in node.shards()) == [(3, 2), (4, 0), (4, 2), (5, 0),
-                                                               (5, 2)]  # fmt: skip
-    node.drop_partial()
-    assert not list(node.directory.glob(".*"))
-    node.remove([0, 2])
-    assert not node.directory.exists()
-
-
-@pytest.mark.parametrize("data", [b"abcdef", b"ab", b"abc"])
-def test_an_old_shards_file_is_written_over_for_a_new_one(tmp_path, data):
-    # In memory, writing a new file costs its pages' allocation and zeroing first (2 to 3 times
-    # the copy): a shard due for pruning gives its file instead, longer, shorter or alike.
-    node = NodeStore(tmp_path / "n1")
-    old, new = Shard(3, 0, 2, 1, 3), Shard(5, 0, 2, 2, len(data))
-    node.put(old, b"xyz")
-    inode = node.path(old).stat().st_ino
-    node.put(new, data, reuse=old)
-    assert node.shards() == [new] and node.path(new).read_bytes() == data
-    assert node.path(new).stat().st_ino == inode
-    node.put(Shard(6, 0, 2, 3, 1), b"q", reuse=old)  # gone already: a new file
-    assert [s.step for s in node.shards()] == [5, 6]
-
-
-def test_a_replica_arrives_straight_in_its_file_kept_whole_or_not_at_all(tmp_path):
-    # A buffer of the replica's size first cost as much as receiving it (1 GiB: 0.47 s of
-    # allocation and zeroing, then 0.19 s of write): the bytes land in the file's pages.
-    node = NodeStore(tmp_path / "n1")
-    old, new = Shard(3, 1, 2, 1, 4), Shard(5, 1, 2, 2, 6)
-    node.put(old, b"wxyz")
-    inode = node.path(old).stat().st_ino
-    with node.receiving(new, reuse=old) as view:
-        view[:] = b"abcdef"
-        assert node.shards() == []  # hidden until every byte is in
-    assert node.shards() == [new] and node.path(new).read_bytes() == b"abcdef"
-    assert node.path(new).stat().st_ino == inode
-    with pytest.raises(RuntimeError), node.receiving(Shard(6, 1, 2, 3, 3)) as view:
-        view[:2] = b"ab"
-        raise RuntimeError("the sender died")
-    assert node.shards() == [new] and not list(node.directory.glob(".*"))
-
-
 def test_a_replica_a_full_store_cannot_hold_is_received_and_dropped(tmp_path, monkeypatch,
                                                                    capsys):  # fmt: skip
     # The room check passed, then the file system filled: the sender sends anyway, so the
@@ -320,7 +226,7 @@ def test_a_replica_a_full_store_cannot_hold_is_received_and_dropped(tmp_path, mo
     snapshots = Snapshots(1, 2)
     snapshots._store = NodeStore(tmp_path / "n2")
     with contextlib.ExitStack() as files:
-        sink = snapshots._sink(Shard(5, 1, 2, 2, 6), files)
+        sink = snapshots._sink(Shard(5, 1, 2, 0xA, 2, 6), files)
         assert isinstance(sink, bytearray) and len(sink) == 6
     assert snapshots._store.shards() == [] and not list(snapshots._store.directory.glob(".*"))
     assert "slurmddp: node n2 keeps no snapshot: [Errno 28] No space left on device; the " \
@@ -345,18 +251,6 @@ def test_a_rank_writes_its_snapshots_over_the_files_of_those_it_prunes(tmp_path,
     assert (tmp_path / "step-1").read_bytes() == files[0].read_bytes() != files[1].read_bytes()
     loaded = ckpt.load_latest()
     assert loaded is not None and loaded.state["w"][0] == 4
-
-
-def test_a_stores_place_is_the_job_its_run_and_the_node_and_earlier_runs_go(tmp_path):
-    env = {"SLURMDDP_SNAPSHOT_DIR": str(tmp_path), "SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n2",
-           "SLURM_RESTART_COUNT": "1"}  # fmt: skip
-    base = tmp_path / f"slurmddp-snapshots-{os.getuid()}"
-    (base / "41.0" / "n2").mkdir(parents=True)
-    (base / "410.0" / "n2").mkdir(parents=True)  # another job
-    node = NodeStore.of_this_node(env)
-    assert node.directory == base / "41.1" / "n2"
-    assert not (base / "41.0").exists() and (base / "410.0").exists()
-    assert store.node_directory({"TORCHELASTIC_RUN_ID": "a/b"}).parts[-2] == "a_b.0"
 
 
 def test_snapshot_arguments_are_checked(tmp_path):

@@ -73,7 +73,7 @@ def stores(tmp_path: Path) -> dict[str, int]:
     """{node: bytes in its snapshot store} of the job's run 0."""
     base = store.root({SNAPSHOT_DIR_VAR: str(tmp_path / "shm")})
     return {d.name: sum(f.stat().st_size for f in d.iterdir())
-            for d in base.glob("*.0/*") if d.is_dir()}  # fmt: skip
+            for d in base.glob("*.0.*/*") if d.is_dir()}  # fmt: skip
 
 
 def spare_job(cluster, tmp_path: Path, *budget: str, per_node: int = 2) -> Job:
@@ -215,10 +215,11 @@ def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replic
     # n2's store: a 1 MiB tmpfs, filled (in the node's view: the 24.11 nodes run in a root).
     root = slurm_cluster.state_dir / "rootfs"
     n2 = store.node_directory({SNAPSHOT_DIR_VAR: str(tmp_path / "shm"), "SLURM_JOB_ID": job.id,
-                               "SLURMD_NODENAME": "n2"})  # fmt: skip
-    n2.mkdir(parents=True)
+                               "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n2"})  # fmt: skip
+    n2.mkdir(mode=0o700, parents=True)
     seen = root / str(n2).lstrip("/") if root.is_dir() else n2
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", seen], check=True)
+    # Private, as the store requires of its directories: refused, it would keep none as well.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", seen], check=True)
     try:
         subprocess.run(["sh", "-c", f"head -c 2M /dev/zero 2>/dev/null >{seen}/fill"], check=False)
         slurm_cluster.run(["scontrol", "release", job.id], check=True)
@@ -227,7 +228,7 @@ def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replic
         subprocess.run(["umount", seen], check=False)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
-    assert "slurmddp: node n2 keeps no snapshot: " in logs, logs
+    assert "slurmddp: node n2 keeps no snapshot: " in logs and "free of 1.0 MiB" in logs, logs
     # n2's rank fetched its shard from n1's replica.
     assert re.search(r"resuming from the snapshot of step (9|10) .*; 1 of 2 shards fetched", logs)
     results = loop_results(job)

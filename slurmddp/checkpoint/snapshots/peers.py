@@ -1,16 +1,25 @@
-"""Shards between ranks: point-to-point over a gloo group of their own, so that a replica goes to
-another node beside the training's collectives (NCCL's or gloo's), from a background thread."""
+"""Shards between ranks: point-to-point over gloo groups of their own, so that a replica goes to
+another node beside the training's collectives (NCCL's or gloo's), from a background thread.
+
+Two groups, because a transfer that times out closes its group's connections: the transfers'
+(`exchange`, from the background thread, every wait bounded) is rebuilt after an error, and the
+training thread's agreements (`largest`, `all_gather_json`) run on one the transfers never touch.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-# A shard's header: step, rank, world, crc32, size.
-HEADER = 5
+# A shard's header: step, rank, world, incarnation, crc32, size; a size below 0 says the sender
+# has no shard this time (its snapshot failed), and nothing follows.
+HEADER = 6
+NO_SHARD = -1
 
 
 def side_group() -> Any:
@@ -20,26 +29,36 @@ def side_group() -> Any:
     return td.new_group(backend="gloo")
 
 
+def drop(group: Any) -> None:
+    """Close `group`'s connections (a transfer's error left them closed or stuck)."""
+    import torch.distributed as td
+
+    with contextlib.suppress(Exception):  # already closed on this side: nothing left to free
+        td.destroy_process_group(group)
+
+
 def exchange(group: Any, sends: Sequence[tuple[int, torch.Tensor]],
-             receives: Sequence[tuple[int, torch.Tensor]]) -> None:  # fmt: skip
+             receives: Sequence[tuple[int, torch.Tensor]], timeout: float) -> None:  # fmt: skip
     """Send each (peer, tensor) and fill each (peer, buffer) from its peer; returns when all are
-    done. Peers are ranks of the default group (the side group holds them all)."""
+    done, raises when one is not done within `timeout` seconds (then `group` is unusable: gloo
+    closes the pair). Peers are ranks of the default group (the side group holds them all)."""
     import torch.distributed as td
 
     ops = [td.P2POp(td.isend, tensor, peer, group) for peer, tensor in sends]
     ops += [td.P2POp(td.irecv, buffer, peer, group) for peer, buffer in receives]
     if ops:
+        wait = datetime.timedelta(seconds=timeout)
         for request in td.batch_isend_irecv(ops):
-            request.wait()
+            request.wait(wait)
 
 
-def largest(group: Any, value: int) -> int:
-    """The largest of every rank's `value` (collective over `group`)."""
+def largest(group: Any, values: Sequence[int]) -> list[int]:
+    """The largest of every rank's `values`, each (collective over `group`)."""
     import torch.distributed as td
 
-    tensor = torch.tensor([value], dtype=torch.int64)
+    tensor = torch.tensor(list(values), dtype=torch.int64)
     td.all_reduce(tensor, op=td.ReduceOp.MAX, group=group)
-    return int(tensor.item())
+    return [int(v) for v in tensor.tolist()]
 
 
 def all_gather_json(group: Any, value: Any) -> list[Any]:

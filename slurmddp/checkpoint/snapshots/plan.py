@@ -42,42 +42,53 @@ class Fetch:
 
 @dataclass(frozen=True)
 class Recovery:
-    """Resume at `step`: rank r loads `shards[r]`, from its own node or by `fetches`."""
+    """Resume at `step`: rank r loads `shards[r]` (all of one incarnation), from its own node or
+    by `fetches`."""
 
     step: int
     shards: tuple[Shard, ...]
     fetches: tuple[Fetch, ...]
 
 
-def choose(held: Mapping[str, Sequence[Shard]], nodes: Sequence[str],
-           newer_than: int | None) -> tuple[Recovery | None, str]:  # fmt: skip
-    """The newest step after `newer_than` whose shards the ranks need are all on the nodes in
-    `held` ({node: its shards}), and how each rank gets its own; else (None, why not).
+def candidates(held: Mapping[str, Sequence[Shard]], nodes: Sequence[str],
+               newer_than: int | None) -> tuple[list[Recovery], str]:  # fmt: skip
+    """Every snapshot after step `newer_than` whose shards the ranks need are all on the nodes in
+    `held` ({node: its shards}), newest first, with how each rank gets its own; and why the
+    newest snapshot newer than all of them is incomplete ("" when none is).
+
+    A snapshot is the shards of one step, world and incarnation (`Shard.inc`): the shards of two
+    incarnations at one step never make one set. At one step the larger incarnation comes first;
+    every rank computes the same list from the same inventories. The caller tries them in order
+    (a shard whose checksum fails: the next one).
 
     `nodes[r]` is the node of rank r now. Rank r loads the shard of rank r of the snapshot's
     world, or rank 0's where that world was smaller; a snapshot of a larger world needs only the
     shards of the ranks that remain. A shard comes from the rank's own node when that holds it,
-    else from the first rank on a node that holds it.
+    else from the first rank on a node that holds it. A snapshot with two different shards of
+    one rank (not taken as one) is none.
     """
     holders: dict[Shard, list[str]] = {}
     for node, shards in held.items():
         for shard in shards:
             holders.setdefault(shard, []).append(node)
-    steps = sorted({(s.step, s.world) for s in holders if newer_than is None
-                    or s.step > newer_than}, reverse=True)  # fmt: skip
-    if not steps:
-        return None, ""
-    why = ""
-    for step, world in steps:
+    sets: dict[tuple[int, int, int], dict[int, set[Shard]]] = {}
+    for s in holders:
+        if newer_than is None or s.step > newer_than:
+            sets.setdefault((s.step, s.inc, s.world), {}).setdefault(s.rank, set()).add(s)
+    found: list[Recovery] = []
+    why, why_step = "", -1
+    for step, inc, world in sorted(sets, reverse=True):
         wanted = [r if r < world else 0 for r in range(len(nodes))]
-        found = {s.rank: s for s in holders if (s.step, s.world) == (step, world)}
-        missing = sorted({r for r in wanted if r not in found})
-        if missing:
-            why = why or (f"the snapshot of step {step} lacks the shards of rank"
-                          f"{'s' if len(missing) > 1 else ''} {_ranks(missing)} (lost with "
-                          "their nodes)")  # fmt: skip
+        ranks = sets[step, inc, world]
+        missing = sorted({r for r in wanted if r not in ranks})
+        if missing or any(len(ranks[r]) > 1 for r in wanted):
+            if missing and not why:
+                why_step = step
+                why = (f"the snapshot of step {step} lacks the shards of rank"
+                       f"{'s' if len(missing) > 1 else ''} {_ranks(missing)} (lost with their "
+                       "nodes)")  # fmt: skip
             continue
-        shards = tuple(found[r] for r in wanted)
+        shards = tuple(next(iter(ranks[r])) for r in wanted)
         fetches = []
         for rank, shard in enumerate(shards):
             on = holders[shard]
@@ -85,8 +96,9 @@ def choose(held: Mapping[str, Sequence[Shard]], nodes: Sequence[str],
                 continue
             sender = next(r for r, node in enumerate(nodes) if node in on)
             fetches.append(Fetch(shard, sender, rank))
-        return Recovery(step, shards, tuple(fetches)), why
-    return None, why
+        found.append(Recovery(step, shards, tuple(fetches)))
+    # An incomplete one at the step of a complete one is not why that one was not taken.
+    return found, "" if found and why_step <= found[0].step else why
 
 
 def _ranks(ranks: list[int]) -> str:

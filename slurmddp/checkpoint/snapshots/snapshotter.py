@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import secrets
 import sys
 import time
 import weakref
@@ -21,12 +22,20 @@ from slurmddp.checkpoint.background import Worker
 from slurmddp.checkpoint.loading import Checkpoint
 from slurmddp.checkpoint.snapshots import pace, peers, plan
 from slurmddp.checkpoint.snapshots.flat import Buffer, pack_async, unpack
-from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_name
+from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_directory, node_name
 from slurmddp.checkpoint.state import check_state, check_step
 from slurmddp.errors import CheckpointError, one_line
+from slurmddp.protocol import SNAPSHOT_TIMEOUT_VAR
 
 _live: weakref.WeakSet[Snapshots] = weakref.WeakSet()
 MIB = 1 << 20
+DEFAULT_TIMEOUT_S = 10.0
+# The slowest pace assumed of a peer's checksum, write or link, per byte of a shard: a transfer
+# waits DEFAULT_TIMEOUT_S plus this long for the peer (a second per 50 MiB).
+SLOWEST_BYTES_PER_S = 50 * MIB
+# At the interpreter's exit a snapshot in flight is waited for this long, then left: the durable
+# checkpoints stand, and its transfers are bounded in any case.
+EXIT_WAIT_S = 5.0
 
 
 class _NoRoom(Exception):
@@ -74,7 +83,10 @@ class Snapshots:
         self._unpaid = 0.0
         self._ran: float | None = None  # the seconds the last snapshot's thread ran
         self._store: NodeStore | None = None
-        self._group: Any = None
+        self._control: Any = None  # the training thread's agreements
+        self._transfer: Any = None  # the background thread's transfers; rebuilt after an error
+        self._broken = False  # a transfer failed: the transfer group is rebuilt at the next take
+        self._inc = 0  # this set of processes' incarnation: its shards are never mixed with others
         self._nodes: list[str] = []
         self._keeper: int | None = None  # the rank that keeps this rank's replica
         self._senders: list[int] = []  # the ranks whose replicas this rank keeps
@@ -140,11 +152,16 @@ class Snapshots:
         if self._ran is not None:
             self._pace.ran(self._ran)
         need = self._pace.needed()
-        if self._group is not None:
+        if self._control is not None:
             # Every rank takes the same snapshots: the widest need applies from this one. Also a
             # barrier: every rank has settled the snapshot before this one, so it is whole, here
-            # and where its replicas are, and older files may be written over.
-            need = peers.largest(self._group, need)
+            # and where its replicas are, and older files may be written over. And where a
+            # transfer failed on any rank, every rank rebuilds the transfers' group, together.
+            need, broken = peers.largest(self._control, [need, int(self._broken)])
+            if broken:
+                peers.drop(self._transfer)
+                self._transfer = peers.side_group()
+                self._broken = False
         self._pace.taken(step, need)
         flat, size, copied = pack_async(state, self._buffer)
         self._worker.submit(self._write, step, flat, size, copied)
@@ -172,7 +189,10 @@ class Snapshots:
         self.settle()
 
     def join_local(self) -> BaseException | None:
-        self.settle()
+        # At exit: bounded, and never a collective (the peers may be gone).
+        if self._order is not None and not self._worker.wait(EXIT_WAIT_S):
+            self._say("exit", f"a snapshot was still being taken on {self._node()} at exit: "
+                      "left unfinished; the durable checkpoints stand")  # fmt: skip
         return None
 
     def close(self) -> None:
@@ -180,23 +200,33 @@ class Snapshots:
         replicas it keeps (the durable checkpoint, or the end of the work, supersedes them)."""
         self.settle()
         if self._store is not None:
-            self._store.remove([dist.rank(), *self._senders])
+            with contextlib.suppress(OSError):  # a refused store holds nothing of this run's
+                self._store.remove([dist.rank(), *self._senders])
 
     # -- taking ---------------------------------------------------------------------------------
 
     def _setup(self) -> None:
-        """At the first snapshot or recovery (collective): the store, the side group for the
-        replicas, every rank's node."""
+        """At the first snapshot or recovery (collective): the store, the side groups, every
+        rank's node, the incarnation (rank 0's draw: a restarted process draws a new one)."""
         if self._store is not None:
             return
-        self._store = NodeStore.of_this_node()
+        try:
+            self._store = NodeStore.of_this_node()
+        except OSError as e:  # every use of the store says so and keeps nothing
+            self._say("store", f"{self._node()} keeps no snapshot: {one_line(e)}; the durable "
+                      "checkpoints stand")  # fmt: skip
+            self._store = NodeStore(node_directory(os.environ))
         node = node_name(os.environ)
+        draw = secrets.randbits(32)
         td = dist.group()
         if td is None:
-            self._nodes = [node]
+            self._nodes, self._inc = [node], draw
             return
-        self._group = peers.side_group()
-        self._nodes = [str(n) for n in peers.all_gather_json(self._group, node)]
+        self._control = peers.side_group()
+        self._transfer = peers.side_group()
+        reports = peers.all_gather_json(self._control, [node, draw])
+        self._nodes = [str(n) for n, _ in reports]
+        self._inc = int(reports[0][1])
         keepers = plan.replica_keepers(self._nodes)
         rank = td.get_rank()
         self._keeper = keepers.get(rank)
@@ -205,42 +235,76 @@ class Snapshots:
     def _write(self, step: int, flat: torch.Tensor, size: int,
                copied: Callable[[], None]) -> None:  # fmt: skip
         began = time.perf_counter()
+        shard: Shard | None = None
         try:
-            copied()  # the GPU tensors' copies, queued behind the step that made them
-            data = self._buffer.view(size)
-            rank, world = dist.rank(), max(dist.group_size(), 1)
-            shard = Shard(step, rank, world, zlib.crc32(data), size)
-            self._keep(shard, data)
+            try:
+                copied()  # the GPU tensors' copies, queued behind the step that made them
+                data = self._buffer.view(size)
+                rank, world = dist.rank(), max(dist.group_size(), 1)
+                shard = Shard(step, rank, world, self._inc, zlib.crc32(data), size)
+                self._keep(shard, data)
+            except Exception as e:  # said; the replica exchange below still runs, saying so
+                self._failed(e)
+                shard = None
             if self._keeper is not None or self._senders:
-                self._replicate(shard, flat[:size])
-            self._written = self._store_().prune(self._written, self.keep)
-            self._say_size_once(shard)
+                # Always, failed or not: the peers wait for this rank's header and send theirs.
+                self._replicate(shard, flat[:size], self._timeout(size))
+            if shard is not None:
+                self._prune()
+                self._say_size_once(shard)
         except Exception as e:  # the durable checkpoints stand; training goes on
-            self._say("failed", f"a snapshot failed on {self._node()} ({one_line(e)}): the "
-                      "durable checkpoints stand")  # fmt: skip
+            self._failed(e)
         finally:
             self._ran = time.perf_counter() - began
 
-    def _replicate(self, shard: Shard, data: torch.Tensor) -> None:
-        header = torch.tensor([shard.step, shard.rank, shard.world, shard.crc, shard.size])
+    def _failed(self, error: BaseException) -> None:
+        self._say("failed", f"a snapshot failed on {self._node()} ({one_line(error)}): the "
+                  "durable checkpoints stand")  # fmt: skip
+
+    def _prune(self) -> None:
+        with contextlib.suppress(OSError):
+            self._written = self._store_().prune([dist.rank(), *self._senders], self.keep,
+                                                 self._inc)  # fmt: skip
+
+    @staticmethod
+    def _timeout(size: int) -> float:
+        """Seconds a transfer of a shard of `size` bytes waits for its peer."""
+        try:
+            base = float(os.environ.get(SNAPSHOT_TIMEOUT_VAR) or DEFAULT_TIMEOUT_S)
+        except ValueError:
+            base = DEFAULT_TIMEOUT_S
+        return max(base, 0.1) + size / SLOWEST_BYTES_PER_S
+
+    def _replicate(self, shard: Shard | None, data: torch.Tensor, timeout: float) -> None:
+        """Send `shard` (None: this rank has none this time, said in its header) to the rank
+        that keeps its replica, and receive the replicas this rank keeps. A failed transfer
+        (a peer gone, or slower than `timeout`) is given up, and its group rebuilt."""
+        fields = dataclasses.astuple(shard) if shard is not None else (
+            (0,) * (peers.HEADER - 1) + (peers.NO_SHARD,))
+        header = torch.tensor(fields, dtype=torch.int64)
         heads = [(s, torch.empty(peers.HEADER, dtype=torch.int64)) for s in self._senders]
         mine = [] if self._keeper is None else [(self._keeper, header)]
-        peers.exchange(self._group, mine, heads)
-        payload = [] if self._keeper is None else [(self._keeper, data)]
-        # Each replica arrives straight in its file: a buffer of its size would cost as much to
-        # allocate as to receive. The files are kept once every byte is in.
-        with contextlib.suppress(_NoRoom), contextlib.ExitStack() as files:
-            receives = []
-            for sender, head in heads:
-                replica = Shard(*(int(v) for v in head.tolist()))
-                receives.append((sender, peers.as_tensor(self._sink(replica, files))))
-            peers.exchange(self._group, payload, receives)
-            del receives  # the files' views are released before they close
+        payload = [] if self._keeper is None or shard is None else [(self._keeper, data)]
+        try:
+            peers.exchange(self._transfer, mine, heads, timeout)
+            # Each replica arrives straight in its file: a buffer of its size would cost as much
+            # to allocate as to receive. The files are kept once every byte is in.
+            with contextlib.ExitStack() as files:
+                receives = []
+                for sender, head in heads:
+                    replica = Shard(*(int(v) for v in head.tolist()))
+                    if replica.size >= 0:
+                        receives.append((sender, peers.as_tensor(self._sink(replica, files))))
+                peers.exchange(self._transfer, payload, receives, timeout)
+                del receives  # the files' views are released before they close
+        except Exception:
+            self._broken = True
+            raise
 
     def _sink(self, shard: Shard, files: contextlib.ExitStack) -> memoryview | bytearray:
         """Where a peer's `shard` arrives: its file in this node's store, closed and kept when
-        `files` closes; bytes dropped when the store has no room for it (the sender sends
-        anyway)."""
+        `files` closes; bytes dropped when the store cannot keep it (no room, or an error: the
+        sender sends anyway)."""
         try:
             with contextlib.ExitStack() as opening:
                 reuse = opening.enter_context(self._storing(shard))
@@ -248,6 +312,9 @@ class Snapshots:
                 files.push(opening.pop_all())
                 return sink
         except _NoRoom:
+            return bytearray(shard.size)
+        except Exception as e:  # said; the bytes are taken and dropped all the same
+            self._failed(e)
             return bytearray(shard.size)
 
     def _keep(self, shard: Shard, data: memoryview) -> None:
@@ -262,13 +329,19 @@ class Snapshots:
         it."""
         store = self._store_()
         reuse = self._oldest(shard.rank)
-        room, free, total = store.room_for(shard.size - (reuse.size if reuse else 0))
-        if not room:
-            self._say("room", f"{self._node()} keeps no snapshot: {store.root} has "
-                      f"{_size(free)} free of {_size(total)}, a snapshot takes "
+        try:
+            room = store.room_for(shard.size - (reuse.size if reuse else 0))
+        except OSError as e:  # the store cannot be made or sized here (refused, not writable)
+            self._say("room", f"{self._node()} keeps no snapshot: {one_line(e)}; the durable "
+                      "checkpoints stand")  # fmt: skip
+            raise _NoRoom from e
+        if not room.ok:
+            self._say("room", f"{self._node()} keeps no snapshot: {room.where} has "
+                      f"{_size(room.free)} free of {_size(room.total)}, a snapshot takes "
                       f"{_size(shard.size)} and the smaller of 1 GiB and a tenth stays "
                       f"free; the durable checkpoints stand (set $SLURMDDP_SNAPSHOT_DIR to a "
-                      "larger node-local directory)")  # fmt: skip
+                      "larger node-local directory, or ask for more memory where the job's "
+                      "memory limit bounds it)")  # fmt: skip
             raise _NoRoom
         if reuse is not None:
             self._written.remove(reuse)  # its file is written over, or gone
@@ -313,27 +386,31 @@ class Snapshots:
     # -- recovering -----------------------------------------------------------------------------
 
     def recover(self, newer_than: int | None, map_location: Any) -> Checkpoint | None:
-        """The newest complete snapshot after step `newer_than` (the durable checkpoint's),
-        fetched and loaded on every rank; None when there is none (said, when one was lost).
-        Collective."""
+        """The newest complete snapshot after step `newer_than` (the durable checkpoint's) that
+        loads on every rank, fetched and loaded; an older complete one when it does not (a
+        checksum failed); None when there is none (said, when one was lost). Collective."""
         self._setup()
         self.settle()
         assert self._store is not None
-        td = dist.group()
         # (node, its shards' fields, the durable step): JSON's lists, whichever the world.
-        kept = [list(dataclasses.astuple(s)) for s in self._store.shards()]
+        try:
+            kept = [list(dataclasses.astuple(s)) for s in self._store.shards()]
+        except OSError:  # a store refused or unreadable here holds nothing for this rank
+            kept = []
         report = [node_name(os.environ), kept, newer_than]
         reports: list[Any] = [report]
-        if td is not None:
-            reports = peers.all_gather_json(self._group, report)
-        self._store.drop_partial()  # every rank has settled its writes by now
+        if self._control is not None:
+            reports = peers.all_gather_json(self._control, report)
+        with contextlib.suppress(OSError):
+            self._store.drop_partial()  # every rank has settled its writes by now
         held: dict[str, set[Shard]] = {}
         for node, shards, _ in reports:
             held.setdefault(node, set()).update(Shard(*s) for s in shards)
         durable = reports[0][2]
-        recovery, why = plan.choose({n: sorted(s) for n, s in held.items()}, self._nodes, durable)
+        found, why = plan.candidates({n: sorted(s) for n, s in held.items()}, self._nodes,
+                                     durable)  # fmt: skip
         lead = dist.rank() == 0
-        if recovery is None:
+        if not found:
             if lead and why:
                 print(f"slurmddp: {why}: resuming from the durable checkpoint"
                       f"{'' if durable is None else f' of step {durable}'}", file=sys.stderr,
@@ -344,21 +421,43 @@ class Snapshots:
                       "the run before was requeued): resuming from the durable checkpoint",
                       file=sys.stderr, flush=True)  # fmt: skip
             return None
-        started = time.monotonic()
-        data = self._fetch(recovery)
-        fetched_s = time.monotonic() - started
-        shard = recovery.shards[dist.rank()]
-        state = None
-        if zlib.crc32(data) == shard.crc:
-            with contextlib.suppress(Exception):
-                state = unpack(data, map_location)
-        if not ranks.agree(isinstance(state, dict)):
+        for i, recovery in enumerate(found):
+            loaded = self._load(recovery, durable, map_location)
+            if loaded is not None:
+                return loaded
             if lead:
+                then = (f"trying the snapshot of step {found[i + 1].step}" if i + 1 < len(found)
+                        else "resuming from the durable checkpoint")  # fmt: skip
                 print(f"slurmddp: the snapshot of step {recovery.step} did not load on every "
-                      "rank (a checksum or the format failed): resuming from the durable "
-                      "checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+                      f"rank (a checksum, the format or a transfer failed): {then}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+        return None
+
+    def _load(self, recovery: plan.Recovery, durable: int | None,
+              map_location: Any) -> Checkpoint | None:  # fmt: skip
+        """`recovery`'s shards fetched, checked and loaded on every rank, or None on every rank
+        when any of them failed (collective)."""
+        assert self._store is not None
+        started = time.monotonic()
+        rank = dist.rank()
+        shard = recovery.shards[rank]
+        state = None
+        with contextlib.suppress(Exception):  # a file gone, a transfer failed: this rank fails
+            data = self._fetch(recovery)
+            if zlib.crc32(data) == shard.crc:
+                state = unpack(data, map_location)
+        fetched_s = time.monotonic() - started
+        ok = isinstance(state, dict)
+        if self._control is not None:
+            failed, broken = peers.largest(self._control, [int(not ok), int(self._broken)])
+            ok = not failed
+            if broken:
+                peers.drop(self._transfer)
+                self._transfer = peers.side_group()
+                self._broken = False
+        if not ok:
             return None
-        if lead:
+        if rank == 0:
             moved = sum(f.shard.size for f in recovery.fetches)
             print(f"slurmddp: resuming from the snapshot of step {recovery.step} in the nodes' "
                   f"memory (durable checkpoint: {'none' if durable is None else f'step {durable}'}"
@@ -366,22 +465,36 @@ class Snapshots:
                   f"peers ({_size(moved)}) in {fetched_s:.3f} s", file=sys.stderr,
                   flush=True)  # fmt: skip
         assert isinstance(state, dict)
-        fetch = next((f for f in recovery.fetches if f.receiver == dist.rank()), None)
-        node = self._nodes[fetch.sender] if fetch else self._nodes[dist.rank()]
+        fetch = next((f for f in recovery.fetches if f.receiver == rank), None)
+        node = self._nodes[fetch.sender] if fetch else self._nodes[rank]
         return Checkpoint(recovery.step, state, self._store.directory.parent / node / shard.name)
 
     def _fetch(self, recovery: plan.Recovery) -> bytes | bytearray:
         """This rank's shard: from its node's store, or from the peer the plan names; this rank
-        sends what the plan asks of it."""
+        sends what the plan asks of it (zeros, failing the receiver's checksum, where its file
+        cannot be read: the peer waits for the bytes either way)."""
         assert self._store is not None
         rank = dist.rank()
-        sends = [(f.receiver, peers.as_tensor(self._store.read(f.shard)))
-                 for f in recovery.fetches if f.sender == rank]  # fmt: skip
+        sends = []
+        for f in recovery.fetches:
+            if f.sender == rank:
+                try:
+                    data: bytes | bytearray = self._store.read(f.shard)
+                except OSError:
+                    data = bytearray(f.shard.size)
+                if len(data) != f.shard.size:  # the receiver's buffer has the recorded size
+                    data = bytearray(f.shard.size)
+                sends.append((f.receiver, peers.as_tensor(data)))
         mine = [f for f in recovery.fetches if f.receiver == rank]
         received = bytearray(mine[0].shard.size) if mine else bytearray()
         receives = [(mine[0].sender, peers.as_tensor(received))] if mine else []
-        if self._group is not None and recovery.fetches:
-            peers.exchange(self._group, sends, receives)
+        if self._transfer is not None and recovery.fetches:
+            size = max(f.shard.size for f in recovery.fetches)
+            try:
+                peers.exchange(self._transfer, sends, receives, self._timeout(size))
+            except Exception:
+                self._broken = True
+                raise
         return received if mine else self._store.read(recovery.shards[rank])
 
 

@@ -1,60 +1,98 @@
 """A node's snapshot store: one directory in the node's memory (or on its own disk) holding the
 snapshot files of its ranks and the replicas it keeps for another node.
 
-A file is named after what it holds, ``step-0000000120.rank-00003.of-00004.crc-1a2b3c4d.snap``,
-so that listing the directory is the inventory; it is written under a hidden name and renamed
-into place, so a listed file is whole. The directory is keyed by the job, its run (a requeue
-starts a new one: the snapshots of the run before stay behind with its nodes) and the node's
-Slurm name: on a cluster whose nodes share one host, as the local one, each node has its own.
+A file is named after what it holds,
+``step-0000000120.rank-00003.of-00004.inc-1a2b3c4d.crc-1a2b3c4d.snap``, so that listing the
+directory is the inventory; it is written under a hidden name and renamed into place, so a listed
+file is whole. ``inc`` is the incarnation: a token drawn once by the set of processes that took
+it, so that shards of two runs at one step never make one set.
+
+Layout, all of it this user's alone (directories 0700, files 0600, whatever the umask)::
+
+    /dev/shm/slurmddp-snapshots-UID/        the root: this user's stores on the node
+        .lock                               flock'd by every registration and sweep
+        <job>.<restart>.<step>/<node>/      a store (`run_key`, `node_name`)
+            step-...snap                    shards
+            .owner-<ns>-<pid>-<start>-...   one per process that uses the store (`Owner`)
+
+A root, run or node directory found there already is used only when it is a real directory of
+this user that no one else may enter (`StoreRefused` otherwise). A store goes when its run ends
+(`NodeStore.remove`), when a later restart of its job starts on the node, or at the next
+`NodeStore.of_this_node` once every process recorded as its owner is gone; a Slurm epilog can
+remove a job's stores too (docs/concepts/snapshots.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import re
 import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from slurmddp import files as fs
 from slurmddp.protocol import SNAPSHOT_DIR_VAR
 
 DEFAULT_ROOT = "/dev/shm"
-_NAME = re.compile(r"step-(\d{10})\.rank-(\d{5})\.of-(\d{5})\.crc-([0-9a-f]{8})\.snap")
+ROOT_PREFIX = "slurmddp-snapshots-"  # and the user's uid
+_NAME = re.compile(r"step-(\d{10})\.rank-(\d{5})\.of-(\d{5})\.inc-([0-9a-f]{8})"
+                   r"\.crc-([0-9a-f]{8})\.snap")  # fmt: skip
+# A run directory: <job>.<restart>.<step>, or <job>.<run> as stores were keyed before. Nothing
+# else in the root is a store: the Hugging Face integration's slurmddp-resume-* directories have
+# no dot.
+_RUN = re.compile(r"[^.]+\.[^.]+(\.[^.]+)?")
 # Room a store never takes from its file system: /dev/shm also carries NCCL's intra-node buffers
-# and DataLoader workers' batches. The smaller of 1 GiB and a tenth of the file system.
+# and DataLoader workers' batches. The smaller of 1 GiB and a tenth of the file system (or of the
+# memory cgroup's limit: the training's own memory grows, and at the limit the job is killed).
 RESERVE_BYTES = 1 << 30
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+MOUNTS = Path("/proc/self/mounts")
+# File systems whose pages are memory, counted against the memory cgroup of whoever wrote them.
+_MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+
+
+class StoreRefused(OSError):
+    """A directory of the store is not this user's private one: snapshots are not kept there."""
 
 
 @dataclass(frozen=True, order=True)
 class Shard:
-    """One rank's state at one step: which, of how many ranks, its crc32 and size in bytes."""
+    """One rank's state at one step: which, of how many ranks, taken by which incarnation of the
+    processes (a 32-bit token), its crc32 and size in bytes."""
 
     step: int
     rank: int
     world: int
+    inc: int
     crc: int
     size: int = 0
 
     @property
     def name(self) -> str:
         return (f"step-{self.step:010d}.rank-{self.rank:05d}.of-{self.world:05d}."
-                f"crc-{self.crc:08x}.snap")  # fmt: skip
+                f"inc-{self.inc:08x}.crc-{self.crc:08x}.snap")  # fmt: skip
 
 
 def parse(name: str, size: int = 0) -> Shard | None:
-    """The shard a file name describes, or None for any other file."""
+    """The shard a file name describes, or None for any other file (one named as before
+    incarnations included)."""
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    step, rank, world, crc = m.groups()
-    return Shard(int(step), int(rank), int(world), int(crc, 16), size)
+    step, rank, world, inc, crc = m.groups()
+    return Shard(int(step), int(rank), int(world), int(inc, 16), int(crc, 16), size)
 
 
 def node_name(environ: Mapping[str, str]) -> str:
@@ -62,26 +100,219 @@ def node_name(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def run_key(environ: Mapping[str, str]) -> tuple[str, str]:
-    """(the job, its run): Slurm's job id and restart count, else torchrun's run id."""
-    job = environ.get("SLURM_JOB_ID") or environ.get("TORCHELASTIC_RUN_ID") or "nojob"
-    return _safe(job), _safe(environ.get("SLURM_RESTART_COUNT") or "0")
+def run_key(environ: Mapping[str, str]) -> tuple[str, str, str]:
+    """(job, restart, step): what a store is kept for, the same on every rank of the node and
+    across the worker restarts of one run (torchrun's), different for any other run.
+
+    - A Slurm job: its id, SLURM_RESTART_COUNT (a requeue starts a new run) and SLURM_STEP_ID
+      (two steps of one allocation may run at once; "batch" without one: the batch script, or
+      mpirun's ranks on its node).
+    - torchrun outside Slurm: its run id (``--rdzv-id``), "0", "torchrun".
+    - Otherwise (torchrun's default run id ``none``, mpirun, a lone process): "local", "0" and
+      the pid and start time of the process that outlives the workers of the run: the parent
+      (torchrun's agent, mpirun's daemon) where there are several ranks, this process alone.
+    """
+    job = environ.get("SLURM_JOB_ID")
+    if job:
+        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "batch"
+        return _part(job), _part(environ.get("SLURM_RESTART_COUNT") or "0"), _part(step)
+    run = environ.get("TORCHELASTIC_RUN_ID")
+    if run and run != "none":
+        return _part(run), "0", "torchrun"
+    several = run is not None or environ.get("WORLD_SIZE", "1") != "1"
+    pid = os.getppid() if several else os.getpid()
+    return "local", "0", f"{pid}-{_start_time(pid) or 0}"
 
 
-def _safe(word: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", word)[:64] or "_"
+def _part(word: str) -> str:
+    # No dot: a run directory's name splits into its three parts.
+    return re.sub(r"[^A-Za-z0-9_-]", "_", word)[:64] or "_"
 
 
 def root(environ: Mapping[str, str]) -> Path:
     """Where this user's stores live on the node: $SLURMDDP_SNAPSHOT_DIR, else /dev/shm."""
     base = Path(environ.get(SNAPSHOT_DIR_VAR) or DEFAULT_ROOT)
-    return base / f"slurmddp-snapshots-{os.getuid()}"
+    return base / f"{ROOT_PREFIX}{os.getuid()}"
 
 
 def node_directory(environ: Mapping[str, str]) -> Path:
     """This node's store of this job's run."""
-    job, run = run_key(environ)
-    return root(environ) / f"{job}.{run}" / node_name(environ)
+    return root(environ) / ".".join(run_key(environ)) / node_name(environ)
+
+
+def private_root(environ: Mapping[str, str]) -> Path:
+    """`root`, made (0700) or checked as this user's private directory; StoreRefused if not."""
+    path = root(environ)
+    fs.make_dirs(path.parent)
+    _private_dir(path)
+    return path
+
+
+def _private_dir(path: Path) -> None:
+    """Make directory `path` (its parent exists) 0700, or accept it when it is already a real
+    directory of this user's that no one else may write to (tightened to 0700: an earlier
+    version made them 0755, and nothing in them is loaded unless its name and owner are right);
+    StoreRefused otherwise."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, DIR_MODE)
+    st = os.lstat(path)
+    wrong = []
+    if stat.S_ISLNK(st.st_mode):
+        wrong.append("a symbolic link")
+    elif not stat.S_ISDIR(st.st_mode):
+        wrong.append("not a directory")
+    if st.st_uid != os.getuid():
+        wrong.append(f"owner uid {st.st_uid}, not {os.getuid()}")
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+        wrong.append(f"mode {stat.S_IMODE(st.st_mode):04o}, writable by others")
+    if wrong:
+        raise StoreRefused(f"{path} is not a private directory of this user ({', '.join(wrong)}): "
+                           "no snapshot is kept there; set $SLURMDDP_SNAPSHOT_DIR to a private "
+                           "node-local directory")  # fmt: skip
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)  # the umask took the owner's bits, or others could read
+
+
+def _start_time(pid: int) -> int | None:
+    """Process `pid`'s start time (/proc/PID/stat field 22, ticks since boot); None when it is
+    gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the name may hold spaces and ')'
+        return None if fields[0] == b"Z" else int(fields[19])  # fields 3.. after the name
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_namespace() -> str:
+    try:
+        return re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        return "0"
+
+
+class Owner(NamedTuple):
+    """A process that uses a store, and its parent (torchrun's agent outlives the workers that
+    crash, and the store must outlive them too), as recorded in the store: an empty hidden file
+    named after them, in its pid namespace."""
+
+    ns: str
+    pid: int
+    start: int
+    ppid: int
+    pstart: int
+
+    @classmethod
+    def me(cls) -> Owner:
+        ppid = os.getppid()
+        # No parent recorded under init (a container's first process, an orphan): init lives on.
+        pstart = (_start_time(ppid) or 0) if ppid > 1 else 0
+        return cls(_pid_namespace(), os.getpid(), _start_time(os.getpid()) or 0,
+                   ppid if pstart else 0, pstart)  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        return f".owner-{self.ns}-{self.pid}-{self.start}-{self.ppid}-{self.pstart}"
+
+    @classmethod
+    def parse(cls, name: str) -> Owner | None:
+        m = re.fullmatch(r"\.owner-(\d+)-(\d+)-(\d+)-(\d+)-(\d+)", name)
+        if m is None:
+            return None
+        ns, *numbers = m.groups()
+        return cls(ns, *(int(n) for n in numbers))
+
+    def alive(self, ns: str, parent: bool = True) -> bool:
+        """Whether the process (or, with `parent`, its parent) still runs, as seen from pid
+        namespace `ns`; one recorded in another namespace cannot be told: taken as alive."""
+        if self.ns != ns:
+            return True
+        return _start_time(self.pid) == self.start or (
+            parent and self.ppid > 0 and _start_time(self.ppid) == self.pstart)  # fmt: skip
+
+
+def _owners(directory: Path) -> list[tuple[Path, Owner]]:
+    found = []
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            owner = Owner.parse(entry.name)
+            if owner is not None:
+                found.append((Path(entry.path), owner))
+    return found
+
+
+def _directories(path: Path) -> list[Path]:
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    return []
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """This user's stores on the node, to themselves: registrations and sweeps take turns, so
+    that a sweep never removes a store between its making and its owner's record."""
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 FILE_MODE)  # fmt: skip
+    try:
+        os.fchmod(fd, FILE_MODE)  # a umask that took the owner's bits would lock the next one out
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+class Room(NamedTuple):
+    """Whether a write fits (`ok`), and the free and total bytes of `where`, what bounds it: the
+    store's file system, or the memory cgroup its pages count against."""
+
+    ok: bool
+    free: int
+    total: int
+    where: str
+
+
+def memory_backed(directory: Path, mounts: Path = MOUNTS) -> bool:
+    """Whether `directory`'s file system keeps its files in memory (tmpfs); True when the mounts
+    cannot be read."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return True
+    path = os.path.realpath(directory)
+    best, kind = "", "tmpfs"
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])  # \040: space
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind in _MEMORY_FS
+
+
+def memory_limit(proc_cgroup: Path = PROC_CGROUP,
+                 mount: Path = CGROUP_MOUNT) -> tuple[int, int, Path] | None:  # fmt: skip
+    """(free, limit, cgroup directory) of the tightest memory.max on this process's cgroup (v2)
+    and its ancestors (Slurm limits the job's and the step's, not the task's); None without one.
+    Free is memory.max less memory.current."""
+    try:
+        line = next(ln for ln in proc_cgroup.read_text().splitlines() if ln.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    directory = mount / line[3:].lstrip("/")
+    best: tuple[int, int, Path] | None = None
+    while True:
+        try:
+            limit = (directory / "memory.max").read_text().strip()
+            current = int((directory / "memory.current").read_text())
+            if limit != "max" and (best is None or int(limit) - current < best[0]):
+                best = (int(limit) - current, int(limit), directory)
+        except (OSError, ValueError):
+            pass
+        if directory == mount or directory.parent == directory:
+            return best
+        directory = directory.parent
 
 
 class NodeStore:
@@ -90,40 +321,81 @@ class NodeStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._made = False
+        self._owner: Owner | None = None  # this process's record, once registered
 
     @classmethod
     def of_this_node(cls, environ: Mapping[str, str] | None = None) -> NodeStore:
-        """This node's store of this run; the stores earlier runs of the job left on this node
-        are removed (their snapshots are older than the checkpoint a requeue resumes from)."""
+        """This node's store of this run, made private and this process recorded as one of its
+        owners. Under the root's lock: the stores of the job's earlier restarts are removed
+        (their snapshots are older than the checkpoint a requeue resumes from; another step of
+        the same restart may be running), and so are this user's stores whose owners are all
+        gone. StoreRefused when a directory of it is not this user's private one."""
         environ = os.environ if environ is None else environ
         directory = node_directory(environ)
-        job, run = run_key(environ)
-        with contextlib.suppress(OSError):
-            for old in directory.parent.parent.glob(f"{job}.*"):
-                if old.name != f"{job}.{run}":
-                    shutil.rmtree(old, ignore_errors=True)
-        return cls(directory)
+        run = directory.parent
+        home = private_root(environ)
+        job, restart, _ = run_key(environ)
+        earlier = re.compile(rf"{re.escape(job)}\.(\d+)(\.[^.]+)?")
+        store = cls(directory)
+        with _locked(home):
+            for path in _directories(home):
+                m = earlier.fullmatch(path.name)
+                if m and restart.isdigit() and int(m[1]) < int(restart):
+                    shutil.rmtree(path, ignore_errors=True)
+            _sweep(home, keep=run.name)
+            _private_dir(run)
+            _private_dir(directory)
+            store._made = True
+            store._register()
+        return store
+
+    def _register(self) -> None:
+        """Record this process as an owner, under the lock; the records of owners gone with
+        their parents (a crashed worker's, its agent ended too) go."""
+        ns = _pid_namespace()
+        for path, owner in _owners(self.directory):
+            if not owner.alive(ns):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        me = Owner.me()
+        os.close(os.open(self.directory / me.name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, FILE_MODE))  # fmt: skip
+        self._owner = me
 
     def shards(self) -> list[Shard]:
-        """Every whole snapshot file here."""
+        """Every whole snapshot file here: regular files of this user's, validly named."""
         found = []
+        uid = os.getuid()
         with contextlib.suppress(FileNotFoundError), os.scandir(self.directory) as entries:
             for entry in entries:
                 shard = parse(entry.name)
-                if shard is not None:
-                    with contextlib.suppress(OSError):
-                        found.append(replace(shard, size=entry.stat().st_size))
+                if shard is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                        found.append(replace(shard, size=st.st_size))
         return sorted(found)
 
     def path(self, shard: Shard) -> Path:
         return self.directory / shard.name
 
-    def room_for(self, size: int) -> tuple[bool, int, int]:
-        """(whether `size` more bytes leave the reserve free, free bytes, total bytes)."""
+    def room_for(self, size: int, cgroup: tuple[Path, Path] = (PROC_CGROUP, CGROUP_MOUNT),
+                 mounts: Path = MOUNTS) -> Room:  # fmt: skip
+        """Whether `size` more bytes leave the reserve free on the store's file system and, when
+        that keeps its files in memory, within the memory cgroup's limit: a tmpfs file's pages
+        count against the cgroup of the process that wrote them. The tighter of the two."""
         self._make()
         usage = shutil.disk_usage(self.directory)
-        reserve = min(RESERVE_BYTES, usage.total // 10)
-        return usage.free - size >= reserve, usage.free, usage.total
+        room = Room(True, usage.free, usage.total, str(self.directory))
+        spare = usage.free - min(RESERVE_BYTES, usage.total // 10)
+        limit = memory_limit(*cgroup) if memory_backed(self.directory, mounts) else None
+        if limit is not None:
+            free, total, where = limit
+            if free - min(RESERVE_BYTES, total // 10) < spare:
+                room = Room(True, max(free, 0), total, f"the memory cgroup {where}")
+                spare = free - min(RESERVE_BYTES, total // 10)
+        return room._replace(ok=spare >= size)
 
     @property
     def root(self) -> Path:
@@ -173,8 +445,8 @@ class NodeStore:
         try:
             fd = self._open_over(reuse, tmp) if reuse is not None else -1
             if fd < 0:
-                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             fs.FILE_MODE)  # fmt: skip
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+                os.fchmod(fd, FILE_MODE)  # the umask took the owner's bits
             try:
                 os.ftruncate(fd, shard.size)
                 yield fd
@@ -193,36 +465,64 @@ class NodeStore:
             os.rename(self.path(old), tmp)
         except FileNotFoundError:
             return -1
-        return os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
+        return os.open(tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def _make(self) -> None:
-        if not self._made:
-            fs.make_dirs(self.directory)
-            self._made = True
+        """Make the store's directory private; in a root of stores, the root and the run's too:
+        a root another user made could have the run directory swapped for a link."""
+        if self._made:
+            return
+        run = self.directory.parent
+        levels = [self.directory]
+        if run.parent.name.startswith(ROOT_PREFIX):
+            levels = [run.parent, run, self.directory]
+        fs.make_dirs(levels[0].parent)
+        for level in levels:
+            _private_dir(level)
+        self._made = True
 
     def read(self, shard: Shard) -> bytes:
-        return self.path(shard).read_bytes()
+        fd = os.open(self.path(shard), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            return f.read()
 
-    def prune(self, written: list[Shard], keep_steps: int) -> list[Shard]:
-        """Remove the files in `written` but those of its `keep_steps` newest steps; those left.
-        (A rank prunes what it wrote, its own and the replicas it keeps, without a listing.)"""
-        newest = sorted({s.step for s in written}, reverse=True)[:keep_steps]
-        for shard in written:
-            if shard.step not in newest:
-                with contextlib.suppress(FileNotFoundError):
-                    self.path(shard).unlink()
-        return [s for s in written if s.step in newest]
+    def prune(self, ranks: Iterable[int], keep: int, inc: int) -> list[Shard]:
+        """Keep the files of `ranks` of their `keep` newest steps, one a step (incarnation `inc`'s
+        where there are several, else the newest incarnation's); remove the rest of theirs, those
+        a restarted worker's predecessor left too. The shards of `ranks` kept."""
+        mine = set(ranks)
+        best: dict[tuple[int, int], Shard] = {}
+        held = [s for s in self.shards() if s.rank in mine]
+        for shard in sorted(held, key=lambda s: (s.inc == inc, s.inc, s)):  # the preferred last
+            best[shard.rank, shard.step] = shard
+        kept = []
+        for rank in mine:
+            steps = sorted((step for r, step in best if r == rank), reverse=True)[:keep]
+            kept += [best[rank, step] for step in steps]
+        for shard in set(held) - set(kept):
+            with contextlib.suppress(FileNotFoundError):
+                self.path(shard).unlink()
+        return sorted(kept)
 
     def remove(self, ranks: Iterable[int]) -> None:
-        """Remove the files of `ranks` (and the directory, once empty): the run is over here."""
+        """The run is over here: remove the files of `ranks`, this process's owner record and
+        those of owners gone (crashed workers), and the directory once empty."""
         mine = set(ranks)
         for shard in self.shards():
             if shard.rank in mine:
                 with contextlib.suppress(FileNotFoundError):
                     self.path(shard).unlink()
-        for directory in (self.directory, self.directory.parent):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+        if self._owner is None:
+            _remove_empty(self.directory)
+            return
+        with _locked(self.root):
+            ns = _pid_namespace()
+            for path, owner in _owners(self.directory):
+                if owner == self._owner or not owner.alive(ns, parent=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            self._owner = None
+            _remove_empty(self.directory)
 
     def drop_partial(self) -> None:
         """Remove the hidden files of writes that were cut short (a killed rank's)."""
@@ -230,3 +530,24 @@ class NodeStore:
             for path in self.directory.glob(".*.tmp-*"):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+
+
+def _remove_empty(directory: Path) -> None:
+    for path in (directory, directory.parent):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _sweep(root: Path, keep: str) -> None:
+    """Remove this user's stores in `root` whose recorded owners are all gone, and those with no
+    record (a crash between a store's making and its record, or kept as before records), but
+    run directory `keep`'s: this run's other nodes, where nodes share a host. Under the lock."""
+    ns = _pid_namespace()
+    for run in _directories(root):
+        if run.name == keep or not _RUN.fullmatch(run.name):
+            continue
+        for node in _directories(run):
+            if not any(owner.alive(ns) for _, owner in _owners(node)):
+                shutil.rmtree(node, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run.rmdir()
