@@ -73,10 +73,13 @@ def lose_node(job: str, node: str, conf: str, *, machine: bool = False,
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
             hit.append(pid)
-    # The node's memory goes with it: its snapshot store (the local nodes share one /dev/shm).
+    # The node's memory goes with it: its snapshot stores, of every checkpoint directory (the
+    # local nodes share one /dev/shm).
     for environ in tasks.values():
         if environ.get("SLURMD_NODENAME") == node:
-            shutil.rmtree(store.node_directory(environ), ignore_errors=True)
+            job, restart, step = store.run_key(environ)
+            for held in store.root(environ).glob(f"{job}.{restart}.{step}*/{node}"):
+                shutil.rmtree(held, ignore_errors=True)
     return hit
 
 

@@ -1,7 +1,7 @@
 """Snapshots (slurmddp.checkpoint.snapshots): what they cost a training step, and what they save
 when a node is lost.
 
-    python -m benchmarks.snapshot [--repeats 3] [--no-cluster]
+    python -m benchmarks.snapshot [--repeats 3] [--no-cluster] [--memory]
 
 - **Cost**: the training benchmark's DDP loop (benchmarks/programs/snapshot_steps.py, 2 ranks
   on 2 emulated nodes, gloo) with `Checkpointer.snapshot` every step, and every 10 steps,
@@ -11,6 +11,11 @@ when a node is lost.
   On this machine the two ranks take both cores: what a snapshot does in the background (its
   checksum, its write and its exchange with the other node) is taken from training, where a GPU
   node would have idle cores for it.
+- **Memory**: the same DDP loop (0.5 MiB a rank, `snapshot_keep=2`) on 2 emulated nodes of 1,
+  2 and 4 ranks each, a snapshot every step: the bytes each node's store holds after the last
+  one, against 1 rank a node (flat: a node keeps one copy of what its ranks hold alike, and each
+  rank's own part), and as each rank kept its whole state before (`--no-share`). Bytes, not
+  time: one run each (`--memory` runs these rows alone).
 - **A node lost** (local cluster, torchrun, 2 nodes x 2 workers and a spare, examples/
   resumable_train.py at 0.1 s a step): every process of a working node killed at step 70 or
   so (ten past a durable checkpoint of the baseline's); the steps of work lost (the last step
@@ -45,8 +50,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _steps_per_second(*args: str, ranks: int = 2) -> float:
-    """Rank 0's steps per second; the snapshot interval it ended with goes to `INTERVALS`."""
+def _run_ranks(args: tuple[str, ...], nodes: list[str]) -> list[str]:
+    """snapshot_steps.py at len(nodes) ranks, rank r on emulated node nodes[r]; each rank's
+    stdout."""
     port = str(_free_port())
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI_", "PMI"))}
     with tempfile.TemporaryDirectory(prefix="slurmddp-bench-shm-", dir="/dev/shm") as shm, \
@@ -55,16 +61,22 @@ def _steps_per_second(*args: str, ranks: int = 2) -> float:
             subprocess.Popen([sys.executable, "-m", "slurmddp.run", PROGRAM, *args,
                               "--checkpoint-dir", work],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=base | {"RANK": str(r), "WORLD_SIZE": str(ranks),
+                             env=base | {"RANK": str(r), "WORLD_SIZE": str(len(nodes)),
                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                                         "OMP_NUM_THREADS": "1", "SLURMD_NODENAME": f"n{r + 1}",
+                                         "OMP_NUM_THREADS": "1", "SLURMD_NODENAME": node,
                                          "SLURMDDP_SNAPSHOT_DIR": shm})
-            for r in range(ranks)
+            for r, node in enumerate(nodes)
         ]  # fmt: skip
         outs = [p.communicate(timeout=1800) for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"the training loop failed: {[err[-2000:] for _, err in outs]}")
-    printed = dict(line.split(" ", 1) for line in outs[0][0].splitlines() if " " in line)
+    return [out for out, _ in outs]
+
+
+def _steps_per_second(*args: str, ranks: int = 2) -> float:
+    """Rank 0's steps per second; the snapshot interval it ended with goes to `INTERVALS`."""
+    outs = _run_ranks(args, [f"n{r + 1}" for r in range(ranks)])
+    printed = dict(line.split(" ", 1) for line in outs[0].splitlines() if " " in line)
     INTERVALS.setdefault(args, []).append(int(printed["INTERVAL"]))
     return float(printed["STEPS_PER_S"])
 
@@ -134,6 +146,40 @@ def large_rows(repeats: int, steps: int = 100) -> list[Row]:
         Row("snapshot", "steps/s, a snapshot every step at a 1 GiB state, whatever it costs",
             gib["every"], gib["none"], "steps/s", LABEL),
     ]  # fmt: skip
+
+
+def store_bytes(per_node: int, share: bool = True, steps: int = 5) -> float:
+    """The largest of the bytes each of 2 emulated nodes' stores holds after `steps` steps with a
+    snapshot each (`per_node` ranks a node)."""
+    args = ("--steps", str(steps), "--warmup", "2", "--snapshot-every", "1", *NO_BUDGET,
+            "--report-store", *(() if share else ("--no-share",)))  # fmt: skip
+    nodes = [f"n{r // per_node + 1}" for r in range(2 * per_node)]
+    held = {line.split()[1]: int(line.split()[2]) for out in _run_ranks(args, nodes)
+            for line in out.splitlines() if line.startswith("STORE ")}  # fmt: skip
+    if set(held) != {"n1", "n2"}:
+        raise RuntimeError(f"the stores were not reported: {held}")
+    return float(max(held.values()))
+
+
+def memory(per_node: tuple[int, ...] = (1, 2, 4)) -> list[Row]:
+    """Bytes a node's store holds at each number of ranks a node, against 1 rank a node; and as
+    each rank kept its whole state."""
+    mib = 1 << 20
+    shared = {k: store_bytes(k) / mib for k in per_node}
+    whole = {k: store_bytes(k, share=False) / mib for k in per_node if k > 1}
+    one = shared[per_node[0]]
+    label = f"{per_node[0]} rank{'s' * (per_node[0] > 1)} a node"
+    rows = [Row("snapshot", f"MiB a node's store holds, {per_node[0]} rank"
+                f"{'s' * (per_node[0] > 1)} a node (0.5 MiB a rank, snapshot_keep=2, 2 emulated "
+                "nodes)", one, None, "MiB")]  # fmt: skip
+    for k in per_node[1:]:
+        rows += [
+            Row("snapshot", f"same, {k} ranks a node (one copy of what they hold alike, each "
+                "rank's own part beside it)", shared[k], one, "MiB", label, "flat"),
+            Row("snapshot", f"same, {k} ranks a node, each rank keeping its whole state "
+                "(before)", whole[k], one, "MiB", label),
+        ]  # fmt: skip
+    return rows
 
 
 def one_loss(env: dict[str, str], work: Path, *, snapshots: bool) -> dict[str, float]:
@@ -235,7 +281,7 @@ def cost_on_gpu(repeats: int, steps: int = 1000) -> list[Row]:
 def run(repeats: int = 3, cluster: bool = True, device: str = "cpu") -> list[Row]:
     if device == "cuda":
         return cost_on_gpu(repeats)
-    return cost(repeats) + (node_lost(max(1, repeats // 3)) if cluster else [])
+    return cost(repeats) + memory() + (node_lost(max(1, repeats // 3)) if cluster else [])
 
 
 def main() -> None:
@@ -244,9 +290,11 @@ def main() -> None:
     p.add_argument("--no-cluster", action="store_true", help="only the cost rows")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cuda: the cost rows with the state on a GPU, one rank")  # fmt: skip
+    p.add_argument("--memory", action="store_true", help="only the memory rows")
     p.add_argument("--json", type=Path)
     opts = p.parse_args()
-    report(run(opts.repeats, not opts.no_cluster, opts.device), opts.json)
+    rows = memory() if opts.memory else run(opts.repeats, not opts.no_cluster, opts.device)
+    report(rows, opts.json)
 
 
 if __name__ == "__main__":

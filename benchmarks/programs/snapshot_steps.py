@@ -5,6 +5,10 @@ every N steps, for the snapshot benchmark; prints rank 0's steps per second.
     --width W            the hidden layers' width: 256 is the training benchmark's model (0.5 MiB
                          of parameters), 8192 x --layers 4 about 1 GiB
     --device cuda        the model and its data on the rank's GPU (NCCL), else the CPU (gloo)
+    --report-store       after the last snapshot, each rank prints STORE <node> <bytes>: what
+                         its node's store holds
+    --no-share           each rank keeps its whole state, as before a node's ranks kept one copy
+                         of what they hold alike (the memory rows' baseline)
 """
 
 import argparse
@@ -29,7 +33,13 @@ p.add_argument("--checkpoint-dir", required=True,
                help="the Checkpointer's directory (nothing durable is saved there)")
 p.add_argument("--budget", default="default",
                help="snapshot_budget: a fraction, none, or default (the Checkpointer's)")
+p.add_argument("--report-store", action="store_true")
+p.add_argument("--no-share", action="store_true")
 args = p.parse_args()
+if args.no_share:
+    from slurmddp.checkpoint.snapshots import snapshotter
+
+    snapshotter.SHARE = False
 
 dist = slurmddp.init("gloo" if args.device == "cpu" else "nccl")
 device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else None
@@ -79,6 +89,13 @@ synchronized()
 if dist.rank == 0:
     print(f"STEPS_PER_S {args.steps / (time.perf_counter() - start)}", flush=True)
     print(f"INTERVAL {ckpt.snapshot_interval}", flush=True)
+if args.report_store:
+    from slurmddp.checkpoint.snapshots import store
+
+    here = store.node_directory(os.environ, args.checkpoint_dir)
+    held = sum(p.stat().st_size for p in here.glob("*.snap"))
+    print(f"STORE {store.node_name(os.environ)} {held}", flush=True)
+    torch.distributed.barrier()  # every node measured before mark_done removes the stores
 slurmddp.mark_done()
 torch.distributed.destroy_process_group()
 os._exit(0)

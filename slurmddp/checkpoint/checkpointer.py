@@ -97,7 +97,8 @@ class Checkpointer:
         self._mode = modes.choose(layout.Directory(self.directory, keep), sharded=sharded,
                                   async_save=async_save)  # fmt: skip
         self._started: tuple[int, float] | None = None  # the save in flight: step, start
-        self._snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
+        self._snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget,
+                                               self.directory) \
             if snapshot_every else None  # fmt: skip
         # At start-up: the stop protocol's deadline leaves room for a save as long as the last.
         saved = layout.read_save_time(self.directory)

@@ -67,7 +67,8 @@ class Preemptible:
                              "save_state keeps it)")  # fmt: skip
         self.accelerator = accelerator
         self.directory = Path(directory)
-        self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
+        self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget,
+                                             self.directory) \
             if snapshot_every else None  # fmt: skip
         # Now, not at the first `should_stop`: the loaders start their workers before it, and
         # those need the shield (preemption.workers) from their first fork.

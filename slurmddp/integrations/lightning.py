@@ -85,7 +85,8 @@ class StopProtocol(Callback):
         self.rng: Any = None  # the generators to put back before the resumed run's first batch
         self.resumed = False  # this fit restored a checkpoint (or a snapshot)
         self.prime: DistributedDataParallel | None = None  # DDP, to prime at the first batch
-        self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget) \
+        self.snapshots = snapshots.Snapshots(snapshot_every, snapshot_keep, snapshot_budget,
+                                             self.dirpath) \
             if snapshot_every else None  # fmt: skip
         self._stepped = -1  # the global step after the last training batch
         # Now, not at the first `should_stop`: the loaders start their workers before it, and

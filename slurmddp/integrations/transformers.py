@@ -89,6 +89,8 @@ def train(trainer: Trainer, *, snapshot_every: int = 0, snapshot_keep: int = 2,
         trainer.add_callback(callback)
     callback.trainer = trainer
     output = trainer.args.output_dir
+    if callback.snapshots is not None and callback.snapshots.scope is None:
+        callback.snapshots.scope = output  # the snapshots stand beside its checkpoints
     last = get_last_checkpoint(output) if output and os.path.isdir(output) else None
     with contextlib.ExitStack() as written:
         if callback.snapshots is not None and "resume_from_checkpoint" not in kwargs:

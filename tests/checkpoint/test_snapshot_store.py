@@ -115,6 +115,85 @@ def test_why_the_newest_snapshot_was_not_taken(held, why):
     assert plan.candidates(held, ["n1", "n1"], None)[1] == why
 
 
+# A node's ranks keep one copy of what they hold alike: its lead (lowest rank) a full shard, the
+# others parts over it.
+
+
+def alike(step: int, nodes: list[list[int]], world: int = 4, inc: int = 7) -> list[Shard]:
+    """The shards of `nodes` (each a list of ranks, its lead first) at `step`: the leads' full
+    (10 bytes), the others' parts over them (2 bytes)."""
+    return [Shard(step, r, world, inc, 1000 * step + r, 10 if r == ranks[0] else 2,
+                  base=ranks[0]) for ranks in nodes for r in ranks]  # fmt: skip
+
+
+TWO_BY_TWO = [[0, 1], [2, 3]]
+
+
+def test_a_part_counts_with_its_base_and_a_spare_fetches_both():
+    # n2 lost, n3 in its place: n1 holds its own base and part and n2's replicas. Rank 2 fetches
+    # its full shard; rank 3 its part and the base it completes (rank 2's), both from n1.
+    held = {"n1": alike(8, TWO_BY_TWO), "n3": []}
+    (found,), why = plan.candidates(held, ["n1", "n1", "n3", "n3"], None)
+    assert why == "" and found.step == 8
+    assert [s.part for s in found.shards] == [False, True, False, True]
+    assert found.bases == (None, found.shards[0], None, found.shards[2])
+    assert [(f.shard.rank, f.sender, f.receiver) for f in found.fetches] == [
+        (2, 0, 2), (3, 0, 3), (2, 0, 3)]  # fmt: skip
+    assert found.files(3) == [found.shards[3], found.shards[2]]
+
+
+def test_a_part_and_its_base_may_come_from_two_nodes():
+    # Rank 1's part is on n2, where rank 1 now runs, its base on n1 only (n2 had no room for
+    # it): the part is read in place, the base fetched from rank 0.
+    base, part = alike(8, [[0, 1]], world=2)
+    (found,), _ = plan.candidates({"n1": [base], "n2": [part]}, ["n1", "n2"], None)
+    assert [(f.shard, f.sender, f.receiver) for f in found.fetches] == [(base, 0, 1)]
+
+
+@pytest.mark.parametrize("held, why", [
+    # the base of rank 1's part is of another incarnation: no set of step 9 is whole (A's
+    # lacks rank 1's shard, B's the base)
+    ({"n1": [alike(9, [[0, 1]], 2, inc=A)[0], alike(9, [[0, 1]], 2, inc=B)[1],
+             *alike(8, [[0, 1]], 2)]}, "the snapshot of step 9 lacks the shards of rank 1"),
+    # the base is gone everywhere (its node lost, no replica kept)
+    ({"n1": alike(9, [[0, 1]], 2)[1:] + alike(8, [[0, 1]], 2)},
+     "the snapshot of step 9 lacks the shards of ranks 0, 1"),
+    # a "base" that is a part itself: never written so, never rebuilt
+    ({"n1": [Shard(9, 0, 2, 7, 1, 2, base=1), Shard(9, 1, 2, 7, 1, 2, base=0),
+             *alike(8, [[0, 1]], 2)]}, "the snapshot of step 9 lacks the shards of ranks 0, 1"),
+])  # fmt: skip
+def test_a_part_without_its_base_is_not_counted(held, why):
+    found, said = plan.candidates(held, ["n1", "n1"], None)
+    assert [r.step for r in found] == [8]
+    assert said == why + " (lost with their nodes)"
+
+
+def test_a_smaller_or_larger_world_reads_parts_over_their_bases():
+    held = {"n1": alike(6, TWO_BY_TWO), "n2": alike(6, TWO_BY_TWO)}
+    (shrunk,), _ = plan.candidates(held, ["n1", "n1"], None)  # ranks 0 and 1 remain
+    assert shrunk.bases == (None, shrunk.shards[0]) and not shrunk.fetches
+    two = alike(6, [[0, 1]], world=2)
+    (grown,), _ = plan.candidates({"n1": two}, ["n1", "n1", "n2"], None)
+    assert grown.shards == (two[0], two[1], two[0]) and grown.bases == (None, two[0], None)
+    assert [(f.shard.rank, f.receiver) for f in grown.fetches] == [(0, 2)]
+
+
+def test_pruning_each_ranks_steps_never_costs_a_snapshot_its_base(tmp_path):
+    # Rank 0 (the lead) failed to write step 12, so rank 1 kept its whole state then; pruned to
+    # two steps each, rank 1's part of step 11 still has its base, and the snapshots that are
+    # complete are those full shards would have made.
+    node = NodeStore(tmp_path / "n1")
+    written = alike(10, [[0, 1]], 2) + alike(11, [[0, 1]], 2) + [Shard(12, 1, 2, 7, 5, 10)]
+    for shard in written:
+        node.put(shard, b"x" * shard.size)
+    node.prune([0], 2, 7)
+    node.prune([1], 2, 7)
+    assert sorted((s.step, s.rank, s.part) for s in node.shards()) == [
+        (10, 0, False), (11, 0, False), (11, 1, True), (12, 1, False)]  # fmt: skip
+    found, why = plan.candidates({"n1": node.shards()}, ["n1", "n1"], None)
+    assert [r.step for r in found] == [11] and "step 12 lacks the shards of rank 0" in why
+
+
 # -- the files ----------------------------------------------------------------------------------
 
 
@@ -124,7 +203,17 @@ def test_a_shards_name_says_its_incarnation_and_an_old_name_is_no_shard():
     assert store.parse(shard.name, 5) == shard
     assert store.parse("step-0000000120.rank-00003.of-00004.crc-deadbeef.snap") is None
     fields = [f.name for f in Shard.__dataclass_fields__.values()]
-    assert fields == ["step", "rank", "world", "inc", "crc", "size"]
+    assert fields == ["step", "rank", "world", "inc", "crc", "size", "base"]
+    assert shard.base == 3 and not shard.part  # a full shard is its own base
+
+
+def test_a_parts_name_says_the_rank_whose_full_shard_it_completes():
+    part = Shard(120, 3, 4, 0x1A2B3C4D, 0xDEADBEEF, 5, base=2)
+    assert part.part and part.name == ("step-0000000120.rank-00003.of-00004.inc-1a2b3c4d."
+                                       "base-00002.crc-deadbeef.snap")  # fmt: skip
+    assert store.parse(part.name, 5) == part
+    assert store.parse(part.name.replace("base-00002", "base-00003")) is None  # not ours
+    assert Shard(1, 2, 4, A, 9, 5, base=2) == Shard(1, 2, 4, A, 9, 5)  # one spelling of full
 
 
 def test_a_store_names_its_files_by_what_they_hold_and_keeps_the_newest_steps(tmp_path):
@@ -381,6 +470,15 @@ def test_a_stores_place_is_the_job_its_restart_its_step_and_the_node(tmp_path):
     assert store.run_key({"WORLD_SIZE": "2"}) == ("local", "0", agent)
     assert store.run_key({}) == ("local", "0", f"{os.getpid()}-{store._start_time(os.getpid())}")
     assert in_child(lambda: store.run_key({}))["result"] != list(store.run_key({}))
+    # A store belongs to the directory of its checkpoints: two Checkpointers of one run never
+    # share one; a lone run started again in the same directory finds its predecessor's.
+    tag = store.scope_tag(tmp_path / "ckpt")
+    assert len(tag) == 12 and tag != store.scope_tag(tmp_path / "other")
+    assert store.scope_tag("ckpt") == store.scope_tag(Path("ckpt").absolute())
+    assert store.run_key({"SLURM_JOB_ID": "41"}, tmp_path / "ckpt") == ("41", "0", f"batch-{tag}")
+    assert store.run_key({"TORCHELASTIC_RUN_ID": "r"}, tmp_path / "ckpt")[2] == f"torchrun-{tag}"
+    assert store.run_key({}, tmp_path / "ckpt") == ("local", "0", tag)
+    assert in_child(lambda: store.run_key({}, tmp_path / "ckpt"))["result"] == ["local", "0", tag]
 
 
 def test_a_new_restart_removes_its_jobs_earlier_ones_and_no_other_step(tmp_path):

@@ -6,6 +6,7 @@ the snapshots of the nodes that remain."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import re
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 
@@ -79,6 +81,108 @@ def test_a_damaged_snapshot_is_refused_and_runs_nothing(damage, error):
     _, size = flat.pack({"w": torch.ones(2)}, buffer)
     with pytest.raises(CheckpointError, match=error):
         flat.unpack(damage(bytes(buffer.view(size))))
+
+
+def packed(state: dict, buffer: flat.Buffer | None = None) -> torch.Tensor:
+    """`state` as `pack` lays it out, a tensor of its own."""
+    out, size = flat.pack(state, buffer or flat.Buffer())
+    return out[:size].clone()
+
+
+def rank_state(rank: int, model: dict) -> dict:
+    """A DDP rank's state: `model` alike on every rank; its generator, data position and a list
+    whose length (so the header's) differ."""
+    return {"model": model, "rng": torch.Generator().manual_seed(rank).get_state(),
+            "loader": {"consumed": 7 * rank, "key": [rank] * rank}, "step": 5}
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    else:
+        assert a == b
+
+
+def test_one_state_is_always_the_same_bytes_whatever_the_buffer_held():
+    state = {"w": torch.ones(3), "b": torch.zeros(1, dtype=torch.int8), "x": "y"}
+    dirty = flat.Buffer()
+    flat.pack({"w": torch.full((100,), float("nan"))}, dirty)  # garbage where padding will be
+    assert torch.equal(packed(state, dirty), packed(state))
+
+
+def test_a_part_holds_what_differs_from_its_base_and_rebuilds_the_state_exactly():
+    model = {"w": torch.randn(64, 64), "b": torch.randn(64), "m": torch.randn(64, 64)}
+    base = bytearray(packed(rank_state(0, model)).numpy())
+    for variant in (
+        rank_state(3, model),  # its generator, position and header differ
+        rank_state(3, dict(model, b=model["b"] + 1)),  # and one tensor of the model
+        rank_state(3, dict(model, extra=torch.arange(9))),  # and one more than the base has
+    ):
+        own = packed(variant)
+        part = flat.make_part(own, base, zlib.crc32(base))
+        assert part is not None and flat.base_crc(part) == zlib.crc32(base)
+        assert flat.checksum(part, base) == zlib.crc32(own.numpy())
+        assert_same(variant, flat.unpack(part, base=base))
+        assert len(part) < own.numel() // 4  # the two 16 KiB matrices are the base's
+    # Nothing alike (another model): the whole state, not a part.
+    other = packed(rank_state(1, {k: v + 1 for k, v in model.items()}))
+    assert flat.make_part(other, base, zlib.crc32(base)) is None
+
+
+WEIGHTS = torch.randn(64, 64)
+
+
+def flip(data: bytes, at: int) -> bytes:
+    assert at >= 0
+    return data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize("damage, error", [
+    (lambda part, base: (flip(part, len(part) - 1), base), None),  # its own bytes
+    # the base's bytes the part shares
+    (lambda part, base: (part, flip(base, base.find(WEIGHTS.numpy().tobytes()))), None),
+    (lambda part, base: (part, base[: base.find(WEIGHTS.numpy().tobytes()) + 64]),
+     "does not fit it or its base"),  # the base cut short
+    (lambda part, base: (part[:-64], base), "does not fit it or its base"),
+    (lambda part, base: (part, None), "read without its base"),
+    (lambda part, base: (re.sub(rb'"size":(\d+)', lambda m: b'"size":' + b"9" * len(m[1]), part),
+                         base), "does not fit it or its base"),  # a larger state than it holds
+    (lambda part, base: (part.replace(b'"runs":[', b'"runs":[9,'), base), "table is damaged"),
+], ids=["part", "base", "base-short", "part-short", "no-base", "size", "table"])  # fmt: skip
+def test_a_damaged_part_or_base_fails_its_check(damage, error):
+    model = {"w": WEIGHTS}
+    base = bytes(packed(rank_state(0, model)).numpy())
+    own = packed(rank_state(1, model))
+    part = flat.make_part(own, bytearray(base), zlib.crc32(base))
+    assert part is not None
+    data, under = damage(bytes(part), base)
+    if error is None:
+        assert flat.checksum(data, under) != zlib.crc32(own.numpy())
+    else:
+        with pytest.raises(CheckpointError, match=error):
+            flat.checksum(data, under)
+
+
+def test_a_part_is_read_over_its_base_in_the_stores_mapped_files(tmp_path):
+    node = NodeStore(tmp_path / "n1")
+    model = {"w": torch.randn(256)}
+    base_bytes = bytearray(packed(rank_state(0, model)).numpy())
+    own = packed(rank_state(1, model))
+    part_bytes = flat.make_part(own, base_bytes, zlib.crc32(base_bytes))
+    assert part_bytes is not None
+    base = Shard(4, 0, 2, 7, zlib.crc32(base_bytes), len(base_bytes))
+    part = Shard(4, 1, 2, 7, zlib.crc32(own.numpy()), len(part_bytes), base=0)
+    node.put(base, base_bytes)
+    node.put(part, part_bytes)
+    with node.mapped(part) as data, node.mapped(base) as under:
+        assert flat.checksum(data, under) == part.crc
+        assert_same(rank_state(1, model), flat.unpack(data, base=under))
+    with pytest.raises(OSError, match="holds"), node.mapped(dataclasses.replace(part, size=3)):
+        pass
 
 
 # -- the node store -------------------------------------------------------------------------------
@@ -332,8 +436,9 @@ def run_world(work: Path, nodes: list[str], *args: str,
 
 
 def node_store(work: Path, node: str, job: str = "77") -> Path:
+    """`node`'s store of the loop run in `work` (its checkpoints in work/ckpt)."""
     return store.node_directory({"SLURMDDP_SNAPSHOT_DIR": str(work / "shm"), "SLURM_JOB_ID": job,
-                                 "SLURMD_NODENAME": node})  # fmt: skip
+                                 "SLURMD_NODENAME": node}, work / "ckpt")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -363,8 +468,16 @@ def killed_world(tmp_path_factory, nodes: list[str], *args: str) -> Path:
     return work
 
 
-def copy_into(tmp_path: Path, work: Path) -> None:
+def copy_into(tmp_path: Path, work: Path, job: str = "77") -> None:
+    """`work`'s run copied into `tmp_path`, its stores renamed for the checkpoints' new place
+    (a store belongs to the directory of its checkpoints)."""
     shutil.copytree(work, tmp_path, symlinks=True, dirs_exist_ok=True)
+    run = node_store(work, "n1", job).parent
+    for node in run.iterdir():
+        if node.is_dir():
+            node_store(tmp_path, node.name, job).parent.mkdir(mode=0o700, exist_ok=True)
+            (tmp_path / node.relative_to(work)).rename(node_store(tmp_path, node.name, job))
+    shutil.rmtree(tmp_path / run.relative_to(work))
 
 
 @pytest.fixture(scope="module")

@@ -209,26 +209,41 @@ def test_a_rank_killed_writing_a_snapshot_leaves_the_one_before(slurm_cluster, t
 # On 24.11 (docs/developers/testing.md: what it checks is slurmddp's and torch's, the same on
 # every Slurm; the passes share the work).
 @pytest.mark.slurm("24.11")
-def test_a_node_whose_store_is_full_keeps_none_and_the_other_node_has_the_replicas(
-        slurm_cluster, tmp_path, loop_digest):  # fmt: skip
+@pytest.mark.parametrize("how", ["full", "another user's"])
+def test_a_node_whose_store_is_full_or_not_its_own_keeps_none_and_the_other_node_serves(
+        slurm_cluster, tmp_path, loop_digest, how):  # fmt: skip
     job = loop_job(slurm_cluster, tmp_path, "--crash-at", "10", hold=True)
-    # n2's store: a 1 MiB tmpfs, filled (in the node's view: the 24.11 nodes run in a root).
     root = slurm_cluster.state_dir / "rootfs"
     n2 = store.node_directory({SNAPSHOT_DIR_VAR: str(tmp_path / "shm"), "SLURM_JOB_ID": job.id,
-                               "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n2"})  # fmt: skip
+                               "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n2"},
+                              tmp_path / "ckpt")  # fmt: skip
     n2.mkdir(mode=0o700, parents=True)
     seen = root / str(n2).lstrip("/") if root.is_dir() else n2
-    # Private, as the store requires of its directories: refused, it would keep none as well.
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", seen], check=True)
+    if how == "full":
+        # n2's store: a 1 MiB tmpfs, filled (in the node's view: the 24.11 nodes run in a root).
+        # Private, as the store requires of its directories: refused, it would keep none too.
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", seen],
+                       check=True)  # fmt: skip
+        subprocess.run(["sh", "-c", f"head -c 2M /dev/zero 2>/dev/null >{seen}/fill"],
+                       check=False)  # fmt: skip
+        said = "free of 1.0 MiB"
+    else:
+        # Made first by another user (/dev/shm is everyone's), with a shard planted in it: never
+        # written to, never read.
+        planted = n2 / "step-0000000999.rank-00001.of-00002.inc-00000001.crc-00000000.snap"
+        planted.write_bytes(b"")
+        os.chown(planted, 65534, 65534)
+        os.chown(n2, 65534, 65534)
+        said = "(owner uid 65534, not 0)"
     try:
-        subprocess.run(["sh", "-c", f"head -c 2M /dev/zero 2>/dev/null >{seen}/fill"], check=False)
         slurm_cluster.run(["scontrol", "release", job.id], check=True)
         end = job.wait_end(timeout=300)
     finally:
-        subprocess.run(["umount", seen], check=False)
+        if how == "full":
+            subprocess.run(["umount", seen], check=False)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
-    assert "slurmddp: node n2 keeps no snapshot: " in logs and "free of 1.0 MiB" in logs, logs
+    assert "slurmddp: node n2 keeps no snapshot: " in logs and said in logs, logs
     # n2's rank fetched its shard from n1's replica.
     assert re.search(r"resuming from the snapshot of step (9|10) .*; 1 of 2 shards fetched", logs)
     results = loop_results(job)

@@ -21,8 +21,17 @@ Concepts:
   there already that is not a real directory of the user closed to others is refused
   (`store.StoreRefused`). A shard's name says its incarnation (a token of the set of processes
   that took it), so that the shards of two runs at one step never make one set.
-- **Replica** (`plan.replica_keepers`): each shard also goes to a rank of the next node, which
-  keeps it in its own store; losing any one node leaves a complete set.
+- **Part** (`flat.make_part`): under DDP the ranks of a node hold one model and optimizer alike.
+  The node's lead (its lowest rank) writes its whole shard and tells the node's other ranks
+  (over the transfers' group, bounded); each of them compares its state with the lead's file
+  block by block, exactly, and writes a part: its own header and the blocks that differ (its
+  random generators, its data position). Its name says the rank whose shard it completes
+  (`Shard.base`); its crc32 is the whole state's. A lead with no shard in the store says so, and
+  the others write theirs whole, as does a rank whose part would be no smaller. A node keeps
+  about one state a step, not one a rank.
+- **Replica** (`plan.replica_keepers`): each shard (whole or part, as written) also goes to a
+  rank of the next node, which keeps it in its own store; one node's ranks all send to the next
+  node, so a part's base is kept beside it. Losing any one node leaves a complete set.
 - **Taking** (`snapshotter.Snapshots.take`): the state's tensors are copied to CPU memory at the
   call (GPU ones into pinned buffers, queued on their streams behind the step that made them, so
   the call does not wait for the GPU); checksumming, writing and sending happen in a thread,
@@ -38,8 +47,9 @@ Concepts:
   agree on the widest need at each snapshot, so all take the same steps.
 - **Recovery** (`plan.candidates`): at `load_latest`, the ranks pool what their nodes hold, take
   the newest step newer than the durable checkpoint for which every shard they need, of one
-  incarnation (the processes that took it), is on some surviving node, fetch the ones their own
-  node lacks from a peer that has them, and check each against its crc32; where one fails, the
+  incarnation (the processes that took it), is on some surviving node (a part with its base),
+  fetch the files their own node lacks from a peer that has them, and check each state against
+  its crc32 (a part read over its base in place, from the files' mappings); where one fails, the
   next older complete snapshot. None: the durable checkpoint, as without snapshots.
 - **Bounds**: a store keeps at most `keep` steps (one incarnation each) of its ranks and of the
   ranks it keeps replicas of, pruned by listing it, so that a restarted worker removes what its

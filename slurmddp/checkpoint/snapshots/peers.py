@@ -9,6 +9,7 @@ training thread's agreements (`largest`, `all_gather_json`) run on one the trans
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 from collections.abc import Sequence
@@ -16,10 +17,28 @@ from typing import Any
 
 import torch
 
-# A shard's header: step, rank, world, incarnation, crc32, size; a size below 0 says the sender
-# has no shard this time (its snapshot failed), and nothing follows.
-HEADER = 6
+from slurmddp.checkpoint.snapshots.store import Shard
+
+# A shard's header: step, rank, world, incarnation, crc32, size, base (`Shard`'s fields); a size
+# below 0 says the sender has no shard this time (its snapshot failed), and nothing follows.
+HEADER = 7
 NO_SHARD = -1
+_SIZE = 5
+
+
+def header(shard: Shard | None) -> torch.Tensor:
+    """What a peer is told of `shard` (None: the sender has none this time)."""
+    if shard is None:
+        fields = [0] * HEADER
+        fields[_SIZE] = NO_SHARD
+        return torch.tensor(fields, dtype=torch.int64)
+    return torch.tensor(dataclasses.astuple(shard), dtype=torch.int64)
+
+
+def shard_of(head: torch.Tensor) -> Shard | None:
+    """The shard a peer's `header` names; None when it has none."""
+    fields = [int(v) for v in head.tolist()]
+    return None if fields[_SIZE] < 0 else Shard(*fields)
 
 
 def side_group() -> Any:

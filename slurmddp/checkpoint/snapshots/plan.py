@@ -5,6 +5,7 @@ Nothing here reads a file or talks to a peer: node names and inventories in, a f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,8 @@ def replica_keepers(nodes: Sequence[str]) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Fetch:
-    """`receiver` gets `shard` from `sender`, whose node holds it."""
+    """`receiver` gets the file of `shard` (a rank's, or the base a rank's part completes) from
+    `sender`, whose node holds it."""
 
     shard: Shard
     sender: int
@@ -42,12 +44,18 @@ class Fetch:
 
 @dataclass(frozen=True)
 class Recovery:
-    """Resume at `step`: rank r loads `shards[r]` (all of one incarnation), from its own node or
-    by `fetches`."""
+    """Resume at `step`: rank r loads `shards[r]` (all of one incarnation), over `bases[r]` where
+    that is a part (None: a full shard), each file from its own node or by `fetches`."""
 
     step: int
     shards: tuple[Shard, ...]
     fetches: tuple[Fetch, ...]
+    bases: tuple[Shard | None, ...] = ()
+
+    def files(self, rank: int) -> list[Shard]:
+        """The files rank `rank` reads: its shard, and its base where that is a part."""
+        base = self.bases[rank] if rank < len(self.bases) else None
+        return [self.shards[rank]] + ([base] if base is not None else [])
 
 
 def candidates(held: Mapping[str, Sequence[Shard]], nodes: Sequence[str],
@@ -63,9 +71,11 @@ def candidates(held: Mapping[str, Sequence[Shard]], nodes: Sequence[str],
 
     `nodes[r]` is the node of rank r now. Rank r loads the shard of rank r of the snapshot's
     world, or rank 0's where that world was smaller; a snapshot of a larger world needs only the
-    shards of the ranks that remain. A shard comes from the rank's own node when that holds it,
-    else from the first rank on a node that holds it. A snapshot with two different shards of
-    one rank (not taken as one) is none.
+    shards of the ranks that remain. A part (`Shard.part`) counts only with its base, the full
+    shard of its `base` rank in the same snapshot (a rank below it: one the snapshot needs in any
+    case). Each file a rank reads comes from the rank's own node when that holds it, else from
+    the first rank on a node that holds it (a part and its base may come from two). A snapshot
+    with two different shards of one rank (not taken as one) is none.
     """
     holders: dict[Shard, list[str]] = {}
     for node, shards in held.items():
@@ -80,23 +90,34 @@ def candidates(held: Mapping[str, Sequence[Shard]], nodes: Sequence[str],
     for step, inc, world in sorted(sets, reverse=True):
         wanted = [r if r < world else 0 for r in range(len(nodes))]
         ranks = sets[step, inc, world]
-        missing = sorted({r for r in wanted if r not in ranks})
-        if missing or any(len(ranks[r]) > 1 for r in wanted):
+        chosen = {r: next(iter(ranks[r])) for r in set(wanted) if len(ranks.get(r, ())) == 1}
+        bases: dict[int, Shard | None] = {}
+        for r, shard in sorted(chosen.items()):
+            base = chosen.get(shard.base) if shard.part else None
+            if shard.part and (base is None or base.part):  # it cannot be rebuilt
+                del chosen[r]
+            else:
+                bases[r] = base
+        # Absent, or a part that cannot be rebuilt (two shards of a rank: no snapshot, unsaid).
+        missing = sorted({r for r in wanted if r not in ranks or (r not in chosen
+                                                                  and len(ranks[r]) == 1)})
+        if missing or len(chosen) < len(set(wanted)):
             if missing and not why:
                 why_step = step
                 why = (f"the snapshot of step {step} lacks the shards of rank"
                        f"{'s' if len(missing) > 1 else ''} {_ranks(missing)} (lost with their "
                        "nodes)")  # fmt: skip
             continue
-        shards = tuple(next(iter(ranks[r])) for r in wanted)
+        recovery = Recovery(step, tuple(chosen[r] for r in wanted), (),
+                            tuple(bases[r] for r in wanted))  # fmt: skip
         fetches = []
-        for rank, shard in enumerate(shards):
-            on = holders[shard]
-            if nodes[rank] in on:
-                continue
-            sender = next(r for r, node in enumerate(nodes) if node in on)
-            fetches.append(Fetch(shard, sender, rank))
-        found.append(Recovery(step, shards, tuple(fetches)))
+        for rank in range(len(nodes)):
+            for shard in recovery.files(rank):
+                on = holders[shard]
+                if nodes[rank] not in on:
+                    sender = next(r for r, node in enumerate(nodes) if node in on)
+                    fetches.append(Fetch(shard, sender, rank))
+        found.append(dataclasses.replace(recovery, fetches=tuple(fetches)))
     # An incomplete one at the step of a complete one is not why that one was not taken.
     return found, "" if found and why_step <= found[0].step else why
 

@@ -4,6 +4,7 @@ recovery from the newest complete set."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import secrets
@@ -20,8 +21,8 @@ from slurmddp import dist
 from slurmddp.checkpoint import inflight, ranks
 from slurmddp.checkpoint.background import Worker
 from slurmddp.checkpoint.loading import Checkpoint
-from slurmddp.checkpoint.snapshots import pace, peers, plan
-from slurmddp.checkpoint.snapshots.flat import Buffer, pack_async, unpack
+from slurmddp.checkpoint.snapshots import flat, pace, peers, plan
+from slurmddp.checkpoint.snapshots.flat import Buffer, pack_async
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard, node_directory, node_name
 from slurmddp.checkpoint.state import check_state, check_step
 from slurmddp.errors import CheckpointError, one_line
@@ -36,6 +37,9 @@ SLOWEST_BYTES_PER_S = 50 * MIB
 # At the interpreter's exit a snapshot in flight is waited for this long, then left: the durable
 # checkpoints stand, and its transfers are bounded in any case.
 EXIT_WAIT_S = 5.0
+# Whether the ranks of a node keep one copy of what they hold alike (`Snapshots._write`); off,
+# each keeps its whole state, as before parts (the snapshot benchmark's baseline).
+SHARE = True
 
 
 class _NoRoom(Exception):
@@ -70,9 +74,13 @@ class Snapshots:
                           "holds a part of the model's: leave snapshot_every at 0 there (the "
                           "stop's checkpoint still works)")  # fmt: skip
 
-    def __init__(self, every: int, keep: int, budget: float | None = None) -> None:
+    def __init__(self, every: int, keep: int, budget: float | None = None,
+                 scope: str | os.PathLike[str] | None = None) -> None:  # fmt: skip
         self.every = every
         self.keep = keep
+        # The directory of the durable checkpoints these snapshots stand beside: snapshots of two
+        # directories never share a store (set before the first snapshot or recovery).
+        self.scope = scope
         self._pace = pace.Pace(every, budget)
         self._called = 0.0  # when the current call began
         self._returned: float | None = None  # when the last call returned
@@ -90,6 +98,9 @@ class Snapshots:
         self._nodes: list[str] = []
         self._keeper: int | None = None  # the rank that keeps this rank's replica
         self._senders: list[int] = []  # the ranks whose replicas this rank keeps
+        # The node's lead (its lowest rank) keeps its whole state, the others parts over it.
+        self._lead: int | None = None  # on another rank of the node: that rank (the lead's)
+        self._followers: list[int] = []  # on the lead: the node's other ranks
         self._buffer = Buffer()
         self._worker = Worker("slurmddp-snapshot")
         self._order: int | None = None  # the snapshot in flight, in `inflight`
@@ -163,8 +174,8 @@ class Snapshots:
                 self._transfer = peers.side_group()
                 self._broken = False
         self._pace.taken(step, need)
-        flat, size, copied = pack_async(state, self._buffer)
-        self._worker.submit(self._write, step, flat, size, copied)
+        packed, size, copied = pack_async(state, self._buffer)
+        self._worker.submit(self._write, step, packed, size, copied)
         self._order = inflight.register(self)
         if self._pace.budget is not None and self._pace.interval > self.every:
             self._say("pace", f"snapshots every {self._pace.interval} steps rather than every "
@@ -211,11 +222,11 @@ class Snapshots:
         if self._store is not None:
             return
         try:
-            self._store = NodeStore.of_this_node()
+            self._store = NodeStore.of_this_node(scope=self.scope)
         except OSError as e:  # every use of the store says so and keeps nothing
             self._say("store", f"{self._node()} keeps no snapshot: {one_line(e)}; the durable "
                       "checkpoints stand")  # fmt: skip
-            self._store = NodeStore(node_directory(os.environ))
+            self._store = NodeStore(node_directory(os.environ, self.scope))
         node = node_name(os.environ)
         draw = secrets.randbits(32)
         td = dist.group()
@@ -231,24 +242,43 @@ class Snapshots:
         rank = td.get_rank()
         self._keeper = keepers.get(rank)
         self._senders = sorted(r for r, k in keepers.items() if k == rank)
+        here = [r for r, n in enumerate(self._nodes) if n == node]
+        if SHARE and len(here) > 1:
+            self._lead = here[0] if here[0] != rank else None
+            self._followers = here[1:] if here[0] == rank else []
 
-    def _write(self, step: int, flat: torch.Tensor, size: int,
+    def _write(self, step: int, packed: torch.Tensor, size: int,
                copied: Callable[[], None]) -> None:  # fmt: skip
+        """The background half of a snapshot: checksum, write (a part over the lead's shard on a
+        rank that is not its node's lead), tell the node's other ranks (the lead), replicate.
+        Every exchange runs whatever failed before it: the peers wait for it, bounded."""
         began = time.perf_counter()
         shard: Shard | None = None
+        payload = packed[:size]
         try:
             try:
                 copied()  # the GPU tensors' copies, queued behind the step that made them
                 data = self._buffer.view(size)
                 rank, world = dist.rank(), max(dist.group_size(), 1)
                 shard = Shard(step, rank, world, self._inc, zlib.crc32(data), size)
-                self._keep(shard, data)
-            except Exception as e:  # said; the replica exchange below still runs, saying so
+            except Exception as e:  # said; the exchanges below still run, saying so
                 self._failed(e)
-                shard = None
+            if self._lead is not None:
+                base = self._hear_lead(step, self._timeout(size))
+                if shard is not None and base is not None:
+                    shard, payload = self._as_part(shard, payload, base)
+            written = False
+            if shard is not None:
+                try:
+                    written = self._keep(shard, payload)
+                except Exception as e:  # said; the exchanges below still run, saying so
+                    self._failed(e)
+                    shard = None
+            if self._followers:
+                self._tell_followers(shard if written else None, self._timeout(size))
             if self._keeper is not None or self._senders:
                 # Always, failed or not: the peers wait for this rank's header and send theirs.
-                self._replicate(shard, flat[:size], self._timeout(size))
+                self._replicate(shard, payload, self._timeout(size))
             if shard is not None:
                 self._prune()
                 self._say_size_once(shard)
@@ -256,6 +286,51 @@ class Snapshots:
             self._failed(e)
         finally:
             self._ran = time.perf_counter() - began
+
+    def _hear_lead(self, step: int, timeout: float) -> Shard | None:
+        """The full shard of this step the node's lead wrote to the store, as it says; None when
+        it has none (its snapshot failed, or its node's store keeps none) or did not say in
+        time (the transfers' group is then rebuilt at the next snapshot)."""
+        assert self._lead is not None
+        head = torch.empty(peers.HEADER, dtype=torch.int64)
+        try:
+            peers.exchange(self._transfer, [], [(self._lead, head)], timeout)
+        except Exception as e:
+            self._broken = True
+            self._failed(e)
+            return None
+        base = peers.shard_of(head)
+        if base is None or base.part or (base.step, base.world, base.inc) != (
+                step, max(dist.group_size(), 1), self._inc):  # fmt: skip
+            return None
+        return base
+
+    def _tell_followers(self, shard: Shard | None, timeout: float) -> None:
+        """Tell the node's other ranks whether this rank's `shard` is in the store (None: no),
+        so that they keep their parts over it, or their whole states."""
+        head = peers.header(shard)
+        try:
+            peers.exchange(self._transfer, [(r, head) for r in self._followers], [], timeout)
+        except Exception as e:
+            self._broken = True
+            self._failed(e)
+
+    def _as_part(self, shard: Shard, payload: torch.Tensor,
+                 base: Shard) -> tuple[Shard, torch.Tensor]:  # fmt: skip
+        """`shard` kept as a part over the lead's `base` (its file in this node's store), with
+        the part's bytes; as it was when the part would be no smaller, or the base cannot be
+        read."""
+        try:
+            with self._store_().mapped(base) as lead:
+                part = flat.make_part(payload, lead, base.crc)
+        except Exception as e:  # the whole state is kept instead
+            self._say("part", f"{self._node()} keeps rank {shard.rank}'s whole state this time: "
+                      f"the lead's could not be compared ({one_line(e)})")  # fmt: skip
+            return shard, payload
+        if part is None:
+            return shard, payload
+        return (dataclasses.replace(shard, size=len(part), base=base.rank),
+                peers.as_tensor(part))  # fmt: skip
 
     def _failed(self, error: BaseException) -> None:
         self._say("failed", f"a snapshot failed on {self._node()} ({one_line(error)}): the "
@@ -276,12 +351,10 @@ class Snapshots:
         return max(base, 0.1) + size / SLOWEST_BYTES_PER_S
 
     def _replicate(self, shard: Shard | None, data: torch.Tensor, timeout: float) -> None:
-        """Send `shard` (None: this rank has none this time, said in its header) to the rank
-        that keeps its replica, and receive the replicas this rank keeps. A failed transfer
-        (a peer gone, or slower than `timeout`) is given up, and its group rebuilt."""
-        fields = dataclasses.astuple(shard) if shard is not None else (
-            (0,) * (peers.HEADER - 1) + (peers.NO_SHARD,))
-        header = torch.tensor(fields, dtype=torch.int64)
+        """Send `shard`'s file `data` (None: this rank has none this time, said in its header)
+        to the rank that keeps its replica, and receive the replicas this rank keeps. A failed
+        transfer (a peer gone, or slower than `timeout`) is given up, and its group rebuilt."""
+        header = peers.header(shard)
         heads = [(s, torch.empty(peers.HEADER, dtype=torch.int64)) for s in self._senders]
         mine = [] if self._keeper is None else [(self._keeper, header)]
         payload = [] if self._keeper is None or shard is None else [(self._keeper, data)]
@@ -292,8 +365,8 @@ class Snapshots:
             with contextlib.ExitStack() as files:
                 receives = []
                 for sender, head in heads:
-                    replica = Shard(*(int(v) for v in head.tolist()))
-                    if replica.size >= 0:
+                    replica = peers.shard_of(head)
+                    if replica is not None:
                         receives.append((sender, peers.as_tensor(self._sink(replica, files))))
                 peers.exchange(self._transfer, payload, receives, timeout)
                 del receives  # the files' views are released before they close
@@ -317,9 +390,13 @@ class Snapshots:
             self._failed(e)
             return bytearray(shard.size)
 
-    def _keep(self, shard: Shard, data: memoryview) -> None:
+    def _keep(self, shard: Shard, data: torch.Tensor) -> bool:
+        """Write `shard`'s file `data` to this node's store; whether it is there (no room: said
+        once, and the replica is still sent)."""
         with contextlib.suppress(_NoRoom), self._storing(shard) as reuse:
-            self._store_().put(shard, data, reuse)
+            self._store_().put(shard, _bytes_view(data), reuse)
+            return True
+        return False
 
     @contextlib.contextmanager
     def _storing(self, shard: Shard) -> Iterator[Shard | None]:
@@ -366,13 +443,19 @@ class Snapshots:
     def _say_size_once(self, shard: Shard) -> None:
         if dist.rank() != 0 or "size" in self._said:
             return
+        every = f"snapshots every {self.every} step{'s' if self.every > 1 else ''} in " \
+            f"{self._store.root if self._store else '?'}: {_size(shard.size)} a rank; "  # fmt: skip
+        if self._followers:  # its node's lead: the others keep parts over its state
+            whole = 1 + (1 if self._senders else 0)
+            self._say("size", f"{every}a node keeps one copy of what its ranks hold alike and "
+                      f"each rank's own part{', and as many replicas' if self._senders else ''}, "
+                      f"{self.keep} steps: about {_size(self.keep * whole * shard.size)} and the "
+                      "parts on this one")  # fmt: skip
+            return
         here = self._nodes.count(self._nodes[0]) if self._nodes else 1
         kept = here + len(self._senders) * here
-        self._say("size", f"snapshots every {self.every} step{'s' if self.every > 1 else ''} "
-                  f"in {self._store.root if self._store else '?'}: "
-                  f"{_size(shard.size)} a rank; a node keeps its ranks' and as many replicas, "
-                  f"{self.keep} steps: about {_size(self.keep * kept * shard.size)} on this "
-                  "one")  # fmt: skip
+        self._say("size", f"{every}a node keeps its ranks' and as many replicas, {self.keep} "
+                  f"steps: about {_size(self.keep * kept * shard.size)} on this one")
 
     def _say(self, key: str, line: str, lead: bool = False) -> None:
         if key in self._said or (lead and dist.rank() != 0):
@@ -442,10 +525,10 @@ class Snapshots:
         rank = dist.rank()
         shard = recovery.shards[rank]
         state = None
-        with contextlib.suppress(Exception):  # a file gone, a transfer failed: this rank fails
-            data = self._fetch(recovery)
-            if zlib.crc32(data) == shard.crc:
-                state = unpack(data, map_location)
+        # A file gone, a transfer failed, a check failed: this rank fails, said below. The
+        # mappings close once nothing holds a view of them (the error neither).
+        with contextlib.ExitStack() as files, contextlib.suppress(Exception):
+            state = self._read(recovery, files, map_location)
         fetched_s = time.monotonic() - started
         ok = isinstance(state, dict)
         if self._control is not None:
@@ -459,35 +542,54 @@ class Snapshots:
             return None
         if rank == 0:
             moved = sum(f.shard.size for f in recovery.fetches)
+            fetching = len({f.receiver for f in recovery.fetches})
             print(f"slurmddp: resuming from the snapshot of step {recovery.step} in the nodes' "
                   f"memory (durable checkpoint: {'none' if durable is None else f'step {durable}'}"
-                  f"); {len(recovery.fetches)} of {len(recovery.shards)} shards fetched from "
+                  f"); {fetching} of {len(recovery.shards)} shards fetched from "
                   f"peers ({_size(moved)}) in {fetched_s:.3f} s", file=sys.stderr,
                   flush=True)  # fmt: skip
         assert isinstance(state, dict)
-        fetch = next((f for f in recovery.fetches if f.receiver == rank), None)
+        fetch = next((f for f in recovery.fetches if f.receiver == rank and f.shard == shard),
+                     None)  # fmt: skip
         node = self._nodes[fetch.sender] if fetch else self._nodes[rank]
         return Checkpoint(recovery.step, state, self._store.directory.parent / node / shard.name)
 
-    def _fetch(self, recovery: plan.Recovery) -> bytes | bytearray:
-        """This rank's shard: from its node's store, or from the peer the plan names; this rank
-        sends what the plan asks of it (zeros, failing the receiver's checksum, where its file
-        cannot be read: the peer waits for the bytes either way)."""
+    def _read(self, recovery: plan.Recovery, files: contextlib.ExitStack,
+              map_location: Any) -> dict | None:  # fmt: skip
+        """This rank's state in `recovery`, its files fetched and checked (the crc32 of the
+        whole state, rebuilt over its base for a part); None when a check fails."""
+        rank = dist.rank()
+        shard, base = recovery.shards[rank], recovery.bases[rank]
+        got = self._fetch(recovery, files)
+        data, under = got[shard], got[base] if base is not None else None
+        if base is not None and flat.base_crc(data) != base.crc:  # not the base it was made over
+            return None
+        if flat.checksum(data, under) != shard.crc:
+            return None
+        return flat.unpack(data, map_location, under)
+
+    def _fetch(self, recovery: plan.Recovery,
+               files: contextlib.ExitStack) -> dict[Shard, memoryview | bytearray]:  # fmt: skip
+        """The files this rank reads ({shard: its bytes}: its shard, and the base of a part):
+        from its node's store, mapped in place until `files` closes, or received from the peer
+        the plan names. This rank sends what the plan asks of it (zeros, failing the receiver's
+        check, where its file cannot be read: the peer waits for the bytes either way)."""
         assert self._store is not None
         rank = dist.rank()
         sends = []
         for f in recovery.fetches:
             if f.sender == rank:
                 try:
-                    data: bytes | bytearray = self._store.read(f.shard)
-                except OSError:
-                    data = bytearray(f.shard.size)
-                if len(data) != f.shard.size:  # the receiver's buffer has the recorded size
+                    data: memoryview | bytearray = files.enter_context(self._store.mapped(f.shard))
+                except OSError:  # gone, or another size: the receiver's buffer has this one
                     data = bytearray(f.shard.size)
                 sends.append((f.receiver, peers.as_tensor(data)))
-        mine = [f for f in recovery.fetches if f.receiver == rank]
-        received = bytearray(mine[0].shard.size) if mine else bytearray()
-        receives = [(mine[0].sender, peers.as_tensor(received))] if mine else []
+        got: dict[Shard, memoryview | bytearray] = {}
+        receives = []
+        for f in recovery.fetches:
+            if f.receiver == rank:
+                got[f.shard] = bytearray(f.shard.size)
+                receives.append((f.sender, peers.as_tensor(got[f.shard])))
         if self._transfer is not None and recovery.fetches:
             size = max(f.shard.size for f in recovery.fetches)
             try:
@@ -495,7 +597,20 @@ class Snapshots:
             except Exception:
                 self._broken = True
                 raise
-        return received if mine else self._store.read(recovery.shards[rank])
+            finally:
+                del sends, receives
+        for shard in recovery.files(rank):
+            if shard not in got:
+                got[shard] = files.enter_context(self._store.mapped(shard))
+        return got
+
+
+def _bytes_view(tensor: torch.Tensor) -> memoryview:
+    """A contiguous uint8 CPU tensor's bytes, without a copy (valid while it lives)."""
+    if not tensor.numel():
+        return memoryview(b"")
+    array = (ctypes.c_ubyte * tensor.numel()).from_address(tensor.data_ptr())
+    return memoryview(array).cast("B")
 
 
 def _size(n: float) -> str:

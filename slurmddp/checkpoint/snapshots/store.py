@@ -5,7 +5,10 @@ A file is named after what it holds,
 ``step-0000000120.rank-00003.of-00004.inc-1a2b3c4d.crc-1a2b3c4d.snap``, so that listing the
 directory is the inventory; it is written under a hidden name and renamed into place, so a listed
 file is whole. ``inc`` is the incarnation: a token drawn once by the set of processes that took
-it, so that shards of two runs at one step never make one set.
+it, so that shards of two runs at one step never make one set. A part (`flat.make_part`: only
+the bytes in which a rank's state differs from its node's lead's) says which rank's full shard of
+the same step, world and incarnation it completes: ``...inc-1a2b3c4d.base-00002.crc-...snap``;
+its crc is that of the whole state it rebuilds.
 
 Layout, all of it this user's alone (directories 0700, files 0600, whatever the umask)::
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import mmap
 import os
 import re
@@ -44,7 +48,7 @@ from slurmddp.protocol import SNAPSHOT_DIR_VAR
 DEFAULT_ROOT = "/dev/shm"
 ROOT_PREFIX = "slurmddp-snapshots-"  # and the user's uid
 _NAME = re.compile(r"step-(\d{10})\.rank-(\d{5})\.of-(\d{5})\.inc-([0-9a-f]{8})"
-                   r"\.crc-([0-9a-f]{8})\.snap")  # fmt: skip
+                   r"(?:\.base-(\d{5}))?\.crc-([0-9a-f]{8})\.snap")  # fmt: skip
 # A run directory: <job>.<restart>.<step>, or <job>.<run> as stores were keyed before. Nothing
 # else in the root is a store: the Hugging Face integration's slurmddp-resume-* directories have
 # no dot.
@@ -70,7 +74,9 @@ class StoreRefused(OSError):
 @dataclass(frozen=True, order=True)
 class Shard:
     """One rank's state at one step: which, of how many ranks, taken by which incarnation of the
-    processes (a 32-bit token), its crc32 and size in bytes."""
+    processes (a 32-bit token), the crc32 of the state and the file's size in bytes; `base`: the
+    rank whose full shard of the same step, world and incarnation this one's file completes (a
+    part), or its own rank (-1 when made) for a full shard."""
 
     step: int
     rank: int
@@ -78,11 +84,22 @@ class Shard:
     inc: int
     crc: int
     size: int = 0
+    base: int = -1
+
+    def __post_init__(self) -> None:
+        if self.base < 0:  # one spelling of a full shard, so that equal shards compare equal
+            object.__setattr__(self, "base", self.rank)
+
+    @property
+    def part(self) -> bool:
+        """Whether the file holds only what differs from `base`'s (`flat.make_part`)."""
+        return self.base != self.rank
 
     @property
     def name(self) -> str:
+        base = f"base-{self.base:05d}." if self.part else ""
         return (f"step-{self.step:010d}.rank-{self.rank:05d}.of-{self.world:05d}."
-                f"inc-{self.inc:08x}.crc-{self.crc:08x}.snap")  # fmt: skip
+                f"inc-{self.inc:08x}.{base}crc-{self.crc:08x}.snap")  # fmt: skip
 
 
 def parse(name: str, size: int = 0) -> Shard | None:
@@ -91,8 +108,11 @@ def parse(name: str, size: int = 0) -> Shard | None:
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    step, rank, world, inc, crc = m.groups()
-    return Shard(int(step), int(rank), int(world), int(inc, 16), int(crc, 16), size)
+    step, rank, world, inc, base, crc = m.groups()
+    if base is not None and int(base) == int(rank):  # not a name this module writes
+        return None
+    return Shard(int(step), int(rank), int(world), int(inc, 16), int(crc, 16), size,
+                 int(base) if base is not None else -1)  # fmt: skip
 
 
 def node_name(environ: Mapping[str, str]) -> str:
@@ -100,28 +120,43 @@ def node_name(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def run_key(environ: Mapping[str, str]) -> tuple[str, str, str]:
+def run_key(environ: Mapping[str, str], scope: str | os.PathLike[str] | None = None
+            ) -> tuple[str, str, str]:  # fmt: skip
     """(job, restart, step): what a store is kept for, the same on every rank of the node and
-    across the worker restarts of one run (torchrun's), different for any other run.
+    across the worker restarts of one run (torchrun's), different for any other run. `scope`:
+    the directory the snapshots' durable checkpoints go to (`scope_tag`), so that two
+    Checkpointers of one run never share a store, and a lone run started again in the same
+    directory finds its predecessor's, as it finds its checkpoints.
 
     - A Slurm job: its id, SLURM_RESTART_COUNT (a requeue starts a new run) and SLURM_STEP_ID
       (two steps of one allocation may run at once; "batch" without one: the batch script, or
       mpirun's ranks on its node).
     - torchrun outside Slurm: its run id (``--rdzv-id``), "0", "torchrun".
     - Otherwise (torchrun's default run id ``none``, mpirun, a lone process): "local", "0" and
-      the pid and start time of the process that outlives the workers of the run: the parent
-      (torchrun's agent, mpirun's daemon) where there are several ranks, this process alone.
+      the scope; without one, the pid and start time of the process that outlives the workers
+      of the run: the parent (torchrun's agent, mpirun's daemon) where there are several ranks,
+      this process alone.
+
+    With a scope, the step part ends in ``-<scope_tag(scope)>``.
     """
+    tag = "" if scope is None else f"-{scope_tag(scope)}"
     job = environ.get("SLURM_JOB_ID")
     if job:
         step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "batch"
-        return _part(job), _part(environ.get("SLURM_RESTART_COUNT") or "0"), _part(step)
+        return _part(job), _part(environ.get("SLURM_RESTART_COUNT") or "0"), _part(step) + tag
     run = environ.get("TORCHELASTIC_RUN_ID")
     if run and run != "none":
-        return _part(run), "0", "torchrun"
+        return _part(run), "0", "torchrun" + tag
+    if tag:
+        return "local", "0", tag[1:]
     several = run is not None or environ.get("WORLD_SIZE", "1") != "1"
     pid = os.getppid() if several else os.getpid()
     return "local", "0", f"{pid}-{_start_time(pid) or 0}"
+
+
+def scope_tag(scope: str | os.PathLike[str]) -> str:
+    """12 hex digits naming the directory `scope` (absolute, as every rank gives it)."""
+    return hashlib.sha256(os.path.abspath(os.fspath(scope)).encode()).hexdigest()[:12]
 
 
 def _part(word: str) -> str:
@@ -135,9 +170,10 @@ def root(environ: Mapping[str, str]) -> Path:
     return base / f"{ROOT_PREFIX}{os.getuid()}"
 
 
-def node_directory(environ: Mapping[str, str]) -> Path:
-    """This node's store of this job's run."""
-    return root(environ) / ".".join(run_key(environ)) / node_name(environ)
+def node_directory(environ: Mapping[str, str],
+                   scope: str | os.PathLike[str] | None = None) -> Path:  # fmt: skip
+    """This node's store of this job's run (for the checkpoints of `scope`: `run_key`)."""
+    return root(environ) / ".".join(run_key(environ, scope)) / node_name(environ)
 
 
 def private_root(environ: Mapping[str, str]) -> Path:
@@ -324,14 +360,16 @@ class NodeStore:
         self._owner: Owner | None = None  # this process's record, once registered
 
     @classmethod
-    def of_this_node(cls, environ: Mapping[str, str] | None = None) -> NodeStore:
+    def of_this_node(cls, environ: Mapping[str, str] | None = None,
+                     scope: str | os.PathLike[str] | None = None) -> NodeStore:  # fmt: skip
         """This node's store of this run, made private and this process recorded as one of its
         owners. Under the root's lock: the stores of the job's earlier restarts are removed
         (their snapshots are older than the checkpoint a requeue resumes from; another step of
         the same restart may be running), and so are this user's stores whose owners are all
-        gone. StoreRefused when a directory of it is not this user's private one."""
+        gone. StoreRefused when a directory of it is not this user's private one. `scope`: as
+        `run_key` takes it."""
         environ = os.environ if environ is None else environ
-        directory = node_directory(environ)
+        directory = node_directory(environ, scope)
         run = directory.parent
         home = private_root(environ)
         job, restart, _ = run_key(environ)
@@ -481,15 +519,40 @@ class NodeStore:
             _private_dir(level)
         self._made = True
 
-    def read(self, shard: Shard) -> bytes:
+    @contextlib.contextmanager
+    def mapped(self, shard: Shard) -> Iterator[memoryview]:
+        """`shard`'s file, mapped copy-on-write: read in place, without a copy of its size (it is
+        in memory already), writable as torch.frombuffer wants, never written back. OSError
+        when it is gone, or not `shard.size` bytes long. Release every export of the view
+        first."""
         fd = os.open(self.path(shard), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            return f.read()
+        try:
+            size = os.fstat(fd).st_size
+            if size != shard.size or not size:  # mmap refuses a length of 0
+                raise OSError(f"{self.path(shard)} holds {size} bytes, not {shard.size}")
+            mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        view = memoryview(mapped)
+        try:
+            yield view
+        finally:
+            # A failed load's traceback may still hold a tensor over the view: the mapping is
+            # then closed when that goes.
+            with contextlib.suppress(BufferError):
+                view.release()
+                mapped.close()
 
     def prune(self, ranks: Iterable[int], keep: int, inc: int) -> list[Shard]:
         """Keep the files of `ranks` of their `keep` newest steps, one a step (incarnation `inc`'s
         where there are several, else the newest incarnation's); remove the rest of theirs, those
-        a restarted worker's predecessor left too. The shards of `ranks` kept."""
+        a restarted worker's predecessor left too. The shards of `ranks` kept.
+
+        Parts and their bases follow one rule: a part is a rank's shard of a step like any
+        other, and its base is the shard of the same snapshot of a lower rank of its node, which
+        that snapshot needs anyway (a world resumes with the ranks below any it keeps). A base
+        pruned under a kept part is of a step its own rank has `keep` newer ones of: a snapshot
+        that lacks that rank, whole or not."""
         mine = set(ranks)
         best: dict[tuple[int, int], Shard] = {}
         held = [s for s in self.shards() if s.rank in mine]
