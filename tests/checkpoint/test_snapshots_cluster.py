@@ -13,9 +13,11 @@ removes it).
   is the first case's.
 - A rank killed while it writes a snapshot: the one before is used (torchrun restarts the
   workers; the guide's loop with DataLoader workers that augment at random).
-- A node whose snapshot store is full keeps none and says so; the other keeps the replicas, and
-  killed workers resume from them. (These two a rank a node: the stores, not a node's ranks,
-  are the claim.)
+- A node whose snapshot store is full, or was made first by another user, keeps none and says
+  so; the other keeps the replicas, and killed workers resume from them. (These a rank a node:
+  the stores, not a node's ranks, are the claim.)
+- Under srun, a copy that fails, a transfer thread held past the timeout and one that hangs at
+  the exit never hold the job: it trains on and ends.
 
 The framework integrations' snapshots on the cluster: tests/integrations/test_snapshots_cluster.py.
 """
@@ -248,3 +250,27 @@ def test_a_node_whose_store_is_full_or_not_its_own_keeps_none_and_the_other_node
     assert re.search(r"resuming from the snapshot of step (9|10) .*; 1 of 2 shards fetched", logs)
     results = loop_results(job)
     assert len(results) == 2 and {r["digest"] for r in results} == {loop_digest}, results
+
+
+FAULTS = str(ROOT / "tests" / "programs" / "snapshot_faults.py")
+
+
+@pytest.mark.slurm("24.11")
+def test_a_failed_copy_a_stuck_transfer_and_a_hang_at_exit_never_hold_the_job(slurm_cluster,
+                                                                             tmp_path):  # fmt: skip
+    # Under srun, a rank a node: rank 0's copy fails at step 3; rank 1's transfer thread is held
+    # past the timeout at step 5 (every rank gives that snapshot up and rebuilds the transfers'
+    # group) and hangs for good in the last one. The job trains on and ends, as it would have.
+    job = Job(slurm_cluster, tmp_path, [
+        "--nodes", "2", "--ntasks-per-node", "1", "--sbatch-arg=--nodelist=n[1-2]",
+        "--env", "OMP_NUM_THREADS=1", "--env", f"{SNAPSHOT_DIR_VAR}={tmp_path / 'shm'}",
+        "--env", "SLURMDDP_SNAPSHOT_TIMEOUT=1", FAULTS, "--checkpoint-dir",
+        str(tmp_path / "ckpt"), "--steps", "8", "--fault", "0:pack:3", "--fault", "1:stuck:5",
+        "--fault", "1:hang:8",
+    ])  # fmt: skip
+    end = job.wait_end(timeout=300)
+    logs = job.log(0) + job.log(1)
+    assert end["JobState"] == "COMPLETED", job.batch_log + logs
+    assert {(r["start"], r["sum"]) for r in job.results()} == {(0, 36.0)}, logs
+    assert "a snapshot failed on node n1 (injected: the copy of step 3 failed)" in logs, logs
+    assert "a snapshot was still being taken on node n2 at exit" in logs, logs
