@@ -14,15 +14,15 @@ Layout, all of it this user's alone (directories 0700, files 0600, whatever the 
 
     /dev/shm/slurmddp-snapshots-UID/        the root: this user's stores on the node
         .lock                               flock'd by every registration and sweep
-        <job>.<restart>.<step>/<node>/      a store (`run_key`, `node_name`)
+        <job>.<restart>.<step>-<scope>/<node>/  a store (`run_key`, `node_name`)
             step-...snap                    shards
             .owner-<ns>-<pid>-<start>-...   one per process that uses the store (`Owner`)
 
 A root, run or node directory found there already is used only when it is a real directory of
-this user that no one else may enter (`StoreRefused` otherwise). A store goes when its run ends
-(`NodeStore.remove`), when a later restart of its job starts on the node, or at the next
-`NodeStore.of_this_node` once every process recorded as its owner is gone; a Slurm epilog can
-remove a job's stores too (docs/concepts/snapshots.md).
+this user that no one else may write to, and is then made 0700 (`StoreRefused` otherwise). A
+store goes when its run ends (`NodeStore.remove`), when a later restart of its job starts on the
+node, or at the next `NodeStore.of_this_node` once every process recorded as its owner is gone;
+a Slurm epilog can remove a job's stores too (docs/concepts/snapshots.md).
 """
 
 from __future__ import annotations
