@@ -463,16 +463,8 @@ class NodeStore:
             # when a received byte lands; populated, so that the pages are mapped at once, not
             # faulted in one by one as they arrive.
             os.posix_fallocate(fd, 0, shard.size)
-            mapped = mmap.mmap(fd, shard.size, flags=mmap.MAP_SHARED | _POPULATE)
-            view = memoryview(mapped)
-            try:
+            with _viewed(mmap.mmap(fd, shard.size, flags=mmap.MAP_SHARED | _POPULATE)) as view:
                 yield view
-            finally:
-                # A failed receive's traceback may still hold a tensor over the view: then the
-                # mapping is closed when that goes, and the error stays the receive's.
-                with contextlib.suppress(BufferError):
-                    view.release()
-                    mapped.close()
 
     @contextlib.contextmanager
     def _writing(self, shard: Shard, reuse: Shard | None) -> Iterator[int]:
@@ -533,15 +525,8 @@ class NodeStore:
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
         finally:
             os.close(fd)
-        view = memoryview(mapped)
-        try:
+        with _viewed(mapped) as view:
             yield view
-        finally:
-            # A failed load's traceback may still hold a tensor over the view: the mapping is
-            # then closed when that goes.
-            with contextlib.suppress(BufferError):
-                view.release()
-                mapped.close()
 
     def prune(self, ranks: Iterable[int], keep: int, inc: int) -> list[Shard]:
         """Keep the files of `ranks` of their `keep` newest steps, one a step (incarnation `inc`'s
@@ -593,6 +578,20 @@ class NodeStore:
             for path in self.directory.glob(".*.tmp-*"):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+
+
+@contextlib.contextmanager
+def _viewed(mapped: mmap.mmap) -> Iterator[memoryview]:
+    """A view of `mapped`; after the block, released and the mapping closed. A failed receive's
+    or load's traceback may still hold a tensor over the view: then the mapping closes when that
+    goes, and the error stays the receive's or the load's."""
+    view = memoryview(mapped)
+    try:
+        yield view
+    finally:
+        with contextlib.suppress(BufferError):
+            view.release()
+            mapped.close()
 
 
 def _remove_empty(directory: Path) -> None:
