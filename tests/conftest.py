@@ -106,6 +106,16 @@ _PORT_CLAIMS = Path(f"/tmp/slurmddp-test-ports-{os.getuid()}")
 _PORT_CLAIM_S = 900
 
 
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """This process's umask set to `mask` for the block."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, for a test's rank 0 to listen on next. Never one of the
     kernel's ephemeral ports: any outgoing connection may take one of those between this check

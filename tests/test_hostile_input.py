@@ -8,14 +8,12 @@ tests/checkpoint/test_checkpoint.py).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from hypothesis import strategies as st
 
 from slurmddp import Checkpointer
 from tests.batch.test_sbatch import FAKE_SCONTROL, FAKE_SRUN, RECORDER, one_line, text
-from tests.conftest import launcher_free_env
+from tests.conftest import launcher_free_env, umask
 
 HOSTILE_DIR = "dir $(touch pwned) 'q' \"d\" `id` ;x 日本"
 
@@ -123,15 +121,6 @@ import slurmddp
 slurmddp.Checkpointer(sys.argv[1]).save(1, {"w": torch.ones(4)})
 slurmddp.mark_done()
 """
-
-
-@contextlib.contextmanager
-def umask(mask: int) -> Iterator[None]:
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def entries(root: Path) -> dict[Path, int]:

@@ -5,7 +5,6 @@ try what another user (nobody) could do."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -22,6 +21,7 @@ import pytest
 
 from slurmddp.checkpoint.snapshots import plan, store
 from slurmddp.checkpoint.snapshots.store import NodeStore, Shard
+from tests.conftest import umask
 
 NOBODY = 65534
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "snapshots.md"
@@ -329,15 +329,6 @@ def shared() -> Iterator[Path]:
 def env(base: Path, job: str = "41", node: str = "n1", **more: str) -> dict[str, str]:
     return {"SLURMDDP_SNAPSHOT_DIR": str(base), "SLURM_JOB_ID": job, "SLURM_STEP_ID": "0",
             "SLURMD_NODENAME": node, **more}  # fmt: skip
-
-
-@contextlib.contextmanager
-def umask(mask: int) -> Iterator[None]:
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 @as_root
