@@ -1,4 +1,5 @@
-"""What slurmddp's processes tell each other: the batch shell, the ranks, the local emulation.
+"""What slurmddp's processes tell each other: the batch script and its supervisor, the ranks, the
+local emulation.
 
 Every ``SLURMDDP_*`` environment variable, every exit status with a meaning of its own and the
 stop protocol's defaults are named here, once. Python modules import them; the batch script
@@ -57,7 +58,7 @@ CODE_DIR_VAR: Final = "SLURMDDP_CODE_DIR"
 CHECKPOINT_POINTER: Final = "latest"  # one line: the name of the newest checkpoint beside it
 CHECKPOINT_MANIFEST: Final = "manifest.json"  # written last into every checkpoint
 
-# -- the files through which the ranks and the batch shell talk, in <output dir>/<job id>/ -----
+# -- the files through which the ranks and the supervisor talk, in <output dir>/<job id>/ -------
 
 REQUEUE_FILE_VAR: Final = "SLURMDDP_REQUEUE_FILE"  # rank 0: the ranks stopped and checkpointed
 DONE_FILE_VAR: Final = "SLURMDDP_DONE_FILE"  # rank 0: mark_done() reached
@@ -68,8 +69,6 @@ FAILURE_FILE_VAR: Final = "SLURMDDP_FAILURE_FILE"  # every rank that fails: one 
 NODES_LOST_FILE_VAR: Final = "SLURMDDP_NODES_LOST_FILE"
 # The shell: each node left behind when the job was requeued, and why (`slurmddp status`).
 EXCLUDED_FILE_VAR: Final = "SLURMDDP_EXCLUDED_FILE"
-# The local emulation's restart counter, written by rank 0 when it asks submitit for a requeue.
-LOCAL_RESTART_FILE_VAR: Final = "SLURMDDP_LOCAL_RESTART_FILE"
 # The local emulation's state directory (slurmddp.batch.emulation): its stand-ins of srun and
 # scontrol find the job there.
 LOCAL_STATE_VAR: Final = "SLURMDDP_LOCAL_STATE"
@@ -106,19 +105,23 @@ DEFAULT_SIGNAL_LEAD_S: Final = 120
 DEFAULT_MAX_REQUEUES: Final = 3
 DEFAULT_HANG_TIMEOUT_S: Final = 600
 # A signal srun gets in its first moments kills it or is dropped (docs/slurm-behaviour.md, Q6):
-# the batch shell passes the stop signal on no sooner than this many seconds after starting srun.
+# the supervisor passes the stop signal on no sooner than this many seconds after starting srun.
 SRUN_SETTLE_S: Final = 2
 
 # The preflight's check, run on every node (``--preflight``) by python -m slurmddp.run -m.
 PREFLIGHT_MODULE: Final = "slurmddp.rank.preflight"
 
-# -- the decision the batch shell asks for after its step (slurmddp.preemption.decision) -------
+# The job's supervisor (slurmddp.supervisor): the batch script hands each run over to it.
+SUPERVISOR_MODULE: Final = "slurmddp.supervisor"
 
-DECISION_MODULE: Final = "slurmddp.preemption.decision"  # run as python -m, prints a verdict
-# What the shell does with the verdict ``ACTION STATUS TARGET EXCLUDE LEFT_BEHIND``: end with
-# STATUS (done: the work is finished; finished: the same, and the done marker is left for a later
-# requeue to find), requeue TARGET (and set its ExcNodeList to EXCLUDE unless -), stop (final:
-# and tell Slurm not to requeue it), or fail.
+# -- the decision after each run's step (slurmddp.preemption.decision) --------------------------
+
+# Run as python -m, it prints a verdict: the batch scripts of earlier templates ask it.
+DECISION_MODULE: Final = "slurmddp.preemption.decision"
+# What a verdict says is done (slurmddp.preemption.slurm): end with STATUS (done: the work is
+# finished; finished: the same, and the done marker is left for a later requeue to find), requeue
+# the job (and set its ExcNodeList when a node is left behind), stop (final: and tell Slurm not to
+# requeue it), or fail.
 ACTIONS: Final = ("done", "finished", "requeue", "stop", "final", "fail")
 
 

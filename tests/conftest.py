@@ -196,6 +196,26 @@ def _switch(name: str) -> None:
         pytest.fail(f"cannot switch the cluster to variant {name}:\n{r.stdout}\n{r.stderr}")
 
 
+def handed_plan(script: str):
+    """The `slurmddp.supervisor.plan.Plan` a rendered batch script hands its supervisor."""
+    import shlex
+
+    from slurmddp.supervisor.plan import Plan
+
+    line = script[script.index("--plan "):].partition("\n")[0]  # the plan is one line of JSON
+    return Plan.from_json(shlex.split(line)[1])
+
+
+def handed_step(script: str, **variables: str) -> list[str]:
+    """The step a rendered batch script's supervisor runs, given Slurm's `variables`."""
+    from slurmddp.supervisor.launchers import Run, launcher
+
+    plan = handed_plan(script)
+    return list(launcher(plan.launcher).step(plan, Run.of({"SLURM_JOB_ID": "7",
+                                                            "SLURM_JOB_NODELIST": "n[1-2]",
+                                                            **variables})).argv)  # fmt: skip
+
+
 def tagged_json(stdout: str, tag: str) -> list[dict]:
     """The JSON payloads of every output line that starts with `tag`. A payload that says whether
     its parameters are finite must say they are: a diverged training's digest of NaNs equals

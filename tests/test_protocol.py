@@ -43,7 +43,7 @@ def test_the_template_spells_no_protocol_name_and_no_status():
 
 def test_every_protocol_name_the_template_uses_exists():
     used = set(re.findall(r"\bp\.(\w+)", template_code()))
-    assert {"DONE_FILE_VAR", "REQUEUE_FILE_VAR", "NOT_REQUEUED_STATUS", "DECISION_MODULE"} <= used
+    assert {"DONE_FILE_VAR", "RUN_ID_VAR", "SUCCESS", "SUPERVISOR_MODULE"} <= used
     assert used <= set(protocol.template_names()), used - set(protocol.template_names())
     assert all(hasattr(protocol, name) for name in used)
 
@@ -63,18 +63,8 @@ def test_the_rendered_script_gets_every_name_through_its_context():
         assert "SLURMDDP_" not in script, name
         for var, _ in protocol.STATE_FILES:
             assert f"export {renamed(var)}=" in script, (name, var)
-        assert "$SDDPTEST_DONE_FILE" in script and "$SDDPTEST_REQUEUE_FILE" in script
+        assert "$SDDPTEST_DONE_FILE" in script
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
-
-
-def test_the_shell_carries_out_exactly_the_actions_the_decision_names():
-    arms = re.search(r"case \$action in\n(.*?)\nesac", template_code(), re.S)
-    assert arms is not None
-    lines = arms.group(1).splitlines()
-    heads = [m.group(1) for line in lines if (m := re.match(r"\s{4}([\w|*]+)\)", line))]
-    labels = {label for head in heads for label in head.split("|")}
-    assert labels - {"*"} == set(protocol.ACTIONS)
-    assert set(decision.ACTIONS) == set(protocol.ACTIONS)
 
 
 def test_no_module_spells_a_slurmddp_variable_itself():
@@ -100,9 +90,11 @@ def test_the_modules_share_the_protocols_values():
     assert (facts.allowed, facts.lead_s) == (protocol.DEFAULT_MAX_REQUEUES,
                                              protocol.DEFAULT_SIGNAL_LEAD_S)  # fmt: skip
     assert dataclasses.is_dataclass(facts)
+    assert set(decision.ACTIONS) == set(protocol.ACTIONS)
 
 
-def test_the_decision_command_is_the_module_the_template_runs():
+def test_the_supervisor_is_the_module_the_template_runs():
+    assert Path(PACKAGE.parent, *protocol.SUPERVISOR_MODULE.split("."), "__main__.py").is_file()
     assert Path(PACKAGE.parent, *protocol.DECISION_MODULE.split(".")).with_suffix(".py").is_file()
     script = templating.render(DEFAULT_TEMPLATE, **context(CASES["srun_cpu"]))
-    assert f"-m {protocol.DECISION_MODULE} " in script
+    assert f"-m {protocol.SUPERVISOR_MODULE} " in script

@@ -44,6 +44,7 @@ from typing import Any
 from slurmddp import protocol
 from slurmddp.batch.jobspec import JobSpec
 from slurmddp.rank import hostlist
+from slurmddp.supervisor.launchers import launcher
 
 LOCAL_HOST = "localhost"
 LOCAL_PARTITION = "local"  # the one partition of this machine's emulated cluster
@@ -65,9 +66,8 @@ def local_problem(spec: JobSpec) -> str | None:
     queues and what it is charged to (partition, account, qos, constraint, a profile's usual
     settings) and the memory limit, which nothing enforces here.
     """
-    if spec.launcher == "mpirun":
-        return ("--launcher mpirun cannot run locally (mpirun finds the allocation's nodes through "
-                "Slurm): use --launcher srun or torchrun")  # fmt: skip
+    if (problem := launcher(spec.launcher).local_problem) is not None:
+        return problem
     if spec.mpi is not None:
         return f"--mpi {spec.mpi} is srun's MPI plugin, which only a Slurm cluster has: drop --mpi"
     if spec.srun_args:

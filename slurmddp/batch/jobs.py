@@ -24,6 +24,7 @@ from typing import TextIO
 
 from slurmddp.errors import SubmissionError, warn
 from slurmddp.files import make_dirs
+from slurmddp.supervisor.launchers import LAUNCHERS
 
 # Slurm states after which a job will not run again by itself.
 FINAL_STATES = frozenset(
@@ -32,11 +33,11 @@ FINAL_STATES = frozenset(
 )  # fmt: skip
 
 
-# The layouts of templates/sbatch.sh.j2 and of submitit's LocalExecutor.
-SLURM_LOG_PATTERN = "{folder}/{job_id}/rank-{rank}.log"
-TORCHRUN_LOG_PATTERN = "{folder}/{job_id}/node-{rank}.log"
+# The ranks' logs of each launcher (slurmddp.supervisor.launchers), and submitit's LocalExecutor's.
+SLURM_LOG_PATTERN = LAUNCHERS["srun"].log_pattern
+TORCHRUN_LOG_PATTERN = LAUNCHERS["torchrun"].log_pattern
 LOCAL_LOG_PATTERN = "{folder}/{job_id}_{rank}_log.out"
-MPIRUN_LOG_PATTERN = "{folder}/{job_id}/ranks.log"  # every rank's lines, tagged [rank/world]
+MPIRUN_LOG_PATTERN = LAUNCHERS["mpirun"].log_pattern  # every rank's lines, tagged [rank/world]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ from slurmddp.protocol import (
     DEFAULT_SIGNAL_LEAD_S,
 )
 from slurmddp.rank.placement import BACKENDS
+from slurmddp.supervisor import launchers
 
 __all__ = [
     "BACKENDS", "CONTAINER_RUNTIMES", "DEFAULTS", "ENV_NAME", "GPU_VENDORS", "LAUNCHERS", "OPTIONS",
@@ -39,7 +40,7 @@ __all__ = [
     "nonempty", "sbatch_instead", "signal_problem", "spec_defaults", "spec_keywords", "toml_key",
 ]  # fmt: skip
 
-LAUNCHERS = ("srun", "torchrun", "mpirun")
+LAUNCHERS = tuple(launchers.LAUNCHERS)
 RDZV_BACKENDS = ("c10d", "etcd-v2")  # torchrun's, as slurmddp sets them up
 CONTAINER_RUNTIMES = ("apptainer", "singularity", "pyxis")  # slurmddp.batch.container
 GPU_VENDORS = ("nvidia", "amd")

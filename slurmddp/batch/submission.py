@@ -30,6 +30,7 @@ from slurmddp.batch.jobspec import JobSpec, SpecError
 from slurmddp.batch.sbatch import context, render_for
 from slurmddp.errors import SubmissionError, UserError
 from slurmddp.files import make_dirs
+from slurmddp.supervisor.launchers import launcher
 
 # submitit's private API, used on purpose: submitit submits only pickled functions through its
 # own batch script (`submit`, or a `CommandFunction` run by its Python wrapper, buffered), and has
@@ -90,7 +91,7 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
             engine="local" if local else "slurm",
             tasks=spec.nodes_max * spec.ntasks_per_node,
             submitted=time.time(),
-            log_pattern=_log_pattern(spec),
+            log_pattern=launcher(spec.launcher).log_pattern,  # --local's too: the same script
             array="" if local else jobs.array_indices(spec.sbatch_args),
         )
     )
@@ -185,11 +186,3 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path |
     except BaseException:
         script.unlink(missing_ok=True)
         raise
-
-
-def _log_pattern(spec: JobSpec) -> str:
-    # A local job runs the same batch script, so its logs lie where a Slurm job's do. Under
-    # torchrun one log per node holds its ranks' lines, under mpirun one log holds them all;
-    # lines tagged [rank/world].
-    return {"torchrun": jobs.TORCHRUN_LOG_PATTERN,
-            "mpirun": jobs.MPIRUN_LOG_PATTERN}.get(spec.launcher, jobs.SLURM_LOG_PATTERN)

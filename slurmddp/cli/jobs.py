@@ -65,7 +65,7 @@ def status(opts: argparse.Namespace) -> int:
 
 
 def _left_behind(job_dir: Path) -> None:
-    """A line per node the job was requeued without, and why (the batch shell's record)."""
+    """A line per node the job was requeued without, and why (the supervisor's record)."""
     try:
         lines = (job_dir / dict(STATE_FILES)[EXCLUDED_FILE_VAR]).read_text().splitlines()
     except OSError:

@@ -4,8 +4,9 @@
 workers shielded from them, and forks one again if it is stuck in its fork; `agreement` turns every
 rank's flag into one answer at the same step; `api` is what a training loop calls (`should_stop`,
 `requeue`, `mark_done`); `decision` is the requeue policy, from the run's outcome and Slurm's
-record of the job (pure), shared by the batch shell (``python -m slurmddp.preemption.decision``)
-and rank 0; `nodes` lays a failure on a node the requeue leaves behind (pure).
+record of the job (pure), shared by the job's supervisor (`slurmddp.supervisor`) and rank 0;
+`slurm` carries a verdict out with Slurm's clients, for both; `nodes` lays a failure on a node the
+requeue leaves behind (pure).
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ on every rank (`slurmddp.preemption.agreement`).
 
 Whether the job comes back is decided once the ranks have left (`decision`), from what
 Slurm records about the job (was it preempted?), not from which signal came. Who carries it out
-(`requeue_route`): the batch shell of ``slurmddp submit`` when it asked for it
-(``$SLURMDDP_REQUEUE_FILE``: rank 0 leaves the reason there and the shell decides, so ranks need
-no Slurm tools, e.g. in a container); the local emulation by submitit's requeue exit status;
-otherwise rank 0 itself, with ``scontrol``, inside any Slurm job.
+(`requeue_route`): the supervisor of a ``slurmddp submit`` job when it asked for it
+(``$SLURMDDP_REQUEUE_FILE``: rank 0 leaves the reason there and the supervisor decides, so ranks
+need no Slurm tools, e.g. in a container; ``--local`` runs the same batch script); otherwise
+rank 0 itself, with ``scontrol``, inside any Slurm job (`slurmddp.preemption.slurm` carries the
+verdict out for both).
 
 What the protocol knows in a process (the signals taken, the agreement, whether the script asked
 and what the ranks agreed) is one `State`; the functions here act on the process's own,
@@ -27,11 +28,9 @@ and what the ranks agreed) is one `State`; the functions here act on the process
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -40,14 +39,13 @@ from typing import NoReturn
 
 from slurmddp import dist, files
 from slurmddp.errors import warn
-from slurmddp.preemption import deadline, decision, signals
+from slurmddp.preemption import deadline, decision, signals, slurm
 from slurmddp.preemption.agreement import Agreement
 from slurmddp.preemption.signals import stop_signal
 from slurmddp.protocol import (
     ASKED_FILE_VAR,
     DONE_FILE_VAR,
     LOCAL_REQUEUE_STATUS,
-    LOCAL_RESTART_FILE_VAR,
     NOT_REQUEUED_STATUS,
     REQUEUE_FILE_VAR,
 )
@@ -130,7 +128,7 @@ class State:
             self.stop_at = deadline.stop_at(self.end, deadline.lead_s(os.environ), self.save_s)
         path = os.environ.get(ASKED_FILE_VAR)
         if path and dist.rank() == 0:
-            _touch(path)  # the batch shell's evidence that the script uses the protocol
+            _touch(path)  # the supervisor's evidence that the script uses the protocol
 
     def mark_done(self) -> None:
         """`mark_done`, for this state."""
@@ -161,13 +159,11 @@ class State:
         if route == "batch":
             if rank == 0:
                 files.write_atomically(Path(os.environ[REQUEUE_FILE_VAR]), f"{reason}\n")
-            raise SystemExit(0)  # the batch shell decides, after every rank has left
+            raise SystemExit(0)  # the supervisor decides, after every rank has left
         if route == "none":
             warn(f"stopped by {reason} outside a Slurm job: nothing requeues it; run it again to "
                  "resume from the checkpoint")  # fmt: skip
             raise SystemExit(NOT_REQUEUED_STATUS)
-        if route == "local":
-            _requeue_locally(reason, rank)
         if rank == 0:
             _requeue_with_scontrol(reason)
         raise SystemExit(0)
@@ -230,24 +226,10 @@ def requeue() -> NoReturn:
     """End this process so that the job is requeued if it should be; call it on every rank.
 
     Waits for any asynchronous checkpoint still being written first. Raises SystemExit: status 0
-    when the batch script decides, or when rank 0 requeued the job; submitit's requeue status
-    under local emulation; 75 when the job is not requeued (the message says why).
+    when the job's supervisor decides (``slurmddp submit``, ``--local`` too), or when rank 0
+    requeued the job; 75 when the job is not requeued (the message says why).
     """
     _state.requeue()
-
-
-def _requeue_locally(reason: str, rank: int) -> NoReturn:
-    """Under the local emulation: count the restart and exit with submitit's requeue status."""
-    verdict = decision.decide(decision.facts_from(os.environ, step_status=0, asked=reason))
-    if verdict.action != "requeue":
-        if rank == 0:
-            _say_all(verdict.lines)
-        raise SystemExit(verdict.status)
-    if rank == 0:
-        restarts = decision.requeue_budget(os.environ)[0]
-        files.write_atomically(Path(os.environ[LOCAL_RESTART_FILE_VAR]), f"{restarts + 1}\n")
-        _say_all(verdict.lines)
-    raise SystemExit(LOCAL_REQUEUE_STATUS)
 
 
 def _requeue_with_scontrol(reason: str) -> NoReturn:
@@ -257,34 +239,16 @@ def _requeue_with_scontrol(reason: str) -> NoReturn:
              "batch script requeues from outside the ranks")  # fmt: skip
         raise SystemExit(NOT_REQUEUED_STATUS)
     job = os.environ["SLURM_JOB_ID"]
-    facts = decision.facts_from(os.environ, step_status=0, asked=reason, job=_show_job(job))
+    facts = decision.facts_from(os.environ, step_status=0, asked=reason, job=slurm.show_job(job))
     verdict = decision.decide(facts)
-    if verdict.action == "requeue":
-        done = subprocess.run(["scontrol", "requeue", facts.target], capture_output=True, text=True)
-        if done.returncode != 0:
-            error = done.stderr.strip() or f"status {done.returncode}"
-            after = decision.decide(dataclasses.replace(facts, job=_show_job(job),
-                                                        requeue_error=error))  # fmt: skip
-            if after.status != 0:
-                verdict = after
-    elif verdict.action == "final":
-        # A preempted job is requeued by Slurm itself unless it is told not to be.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "Requeue=0"], capture_output=True)
     _say_all(verdict.lines)
-    raise SystemExit(verdict.status)
-
-
-def _show_job(job: str) -> dict[str, str]:
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
-    return decision.job_fields(shown.stdout)
+    raise SystemExit(slurm.carry_out(verdict, facts, job, os.environ, warn).status)
 
 
 def requeue_route(environ: Mapping[str, str]) -> str:
     """Who requeues this job: "batch", "local", "scontrol", or "none" (not a Slurm job)."""
     if environ.get(REQUEUE_FILE_VAR):
         return "batch"
-    if environ.get(LOCAL_RESTART_FILE_VAR):
-        return "local"
     if environ.get("SLURM_JOB_ID"):
         return "scontrol"
     return "none"

@@ -1,18 +1,19 @@
 """Why a run ended and what happens to the job next: the requeue policy, in one place.
 
-`decide` is pure: facts in, a `Decision` out. Its callers gather the facts and carry it out:
+`decide` is pure: facts in, a `Decision` out. Its callers gather the facts and carry it out
+(`slurmddp.preemption.slurm`):
 
-- the batch script of ``slurmddp submit``, after its step: ``python -m
-  slurmddp.preemption.decision``
-  reads ``scontrol show job -o`` on stdin and the step's outcome from its options, prints its
-  messages on stderr and one line ``ACTION STATUS TARGET`` on stdout; the shell acts on it;
+- the supervisor of a ``slurmddp submit`` job (`slurmddp.supervisor`), after its step, also
+  under ``--local`` (with stand-ins of Slurm's clients);
 - rank 0 in a user's own batch script (`slurmddp.preemption.api.requeue`), with the same facts;
-- a process under the old local requeue route (`slurmddp.preemption.api`), without Slurm's
-  record of the job (``--local`` runs the batch script above, with a stand-in scontrol).
+- a batch script of an earlier slurmddp's template (a user's own ``--template``): ``python -m
+  slurmddp.preemption.decision`` reads ``scontrol show job -o`` and ``show partition -o`` on
+  stdin and the step's outcome from its options, prints its messages on stderr and one line
+  ``ACTION STATUS TARGET EXCLUDE LEFT_BEHIND`` on stdout (`main`).
 
 The rules, first match wins:
 
-0. The shell (or rank 0) could not requeue the job as decided: if Slurm's record shows the
+0. The supervisor (or rank 0) could not requeue the job as decided: if Slurm's record shows the
    requeue went through anyway (its answer was lost), nothing to do; otherwise the job stops.
 1. The ranks reached `mark_done()`: the work is done, whatever happened after (the step fails
    if it ended non-zero, unless elastic: a node lost along the way ends it so).
@@ -91,7 +92,7 @@ class Facts:
     asked: str | None = None  # the stop the ranks agreed on and checkpointed at (USR2, TERM...)
     done: bool = False  # mark_done() was reached
     protocol_used: bool = True  # the script called should_stop()
-    received: tuple[str, ...] = ()  # signals the batch shell got
+    received: tuple[str, ...] = ()  # signals the batch script and its supervisor got
     job: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scontrol show job -o
     restart: int = 0
     allowed: int = DEFAULT_MAX_REQUEUES

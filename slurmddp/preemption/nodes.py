@@ -1,7 +1,7 @@
 """Which node a failed run blames, and whether the job still fits without it: pure.
 
 A run that fails because of its node, not its script, is requeued without that node
-(`slurmddp.preemption.decision` decides; the batch shell sets the job's ExcNodeList while the
+(`slurmddp.preemption.decision` decides; the supervisor sets the job's ExcNodeList while the
 requeued job waits for its begin time, the only moment Slurm lets it change). A node is blamed
 when the failure looks like a machine's, never for a script's own error:
 

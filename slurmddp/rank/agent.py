@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(0) from None
     except RendezvousTimeoutError:
         # Too few nodes came back after a loss (or at the start) for --nnodes' minimum: the
-        # batch shell's decision requeues the job (slurmddp.preemption.decision).
+        # supervisor's decision requeues the job (slurmddp.preemption.decision).
         line = (f"slurmddp: agent (host {host_name()}): fewer nodes than the minimum joined "
                 f"torchrun's rendezvous within {timeout_s:g} s")  # fmt: skip
         print(line, file=sys.stderr, flush=True)

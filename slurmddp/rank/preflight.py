@@ -3,7 +3,7 @@ node, one task each, by ``python -m slurmddp.run -m slurmddp.rank.preflight`` be
 step.
 
 First this node's own checks: every GPU it shows computes a matrix product right. A failure
-raises `NodeCheckError`, which the batch shell's decision lays on this node
+raises `NodeCheckError`, which the supervisor's decision lays on this node
 (`slurmddp.preemption.nodes`): the job is requeued without it. Then the collectives of
 ``slurmddp doctor --check`` across the nodes; their failure cannot be laid on one node, and ends
 the job with the doctor's table in the preflight log.

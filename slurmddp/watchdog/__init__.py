@@ -14,7 +14,7 @@ GPU of the job until a collective times out, if one ever does. Here:
   (`verdict`: pure) which ranks stopped progressing and which merely wait for them, writes that
   to ``<hang dir>/report.txt`` and the run's state, and ends the run: the ranks exit with
   `HANG_STATUS` (``srun --kill-on-bad-exit`` ends a rank that cannot: stopped, or holding the
-  interpreter lock); the batch shell names the suspects in its log.
+  interpreter lock); the job's supervisor names the suspects in its log.
 
 The watchdog judges a run only once some rank has reported progress (a script that never calls
 either function is never judged), or from the rendezvous when an earlier run of the job reported

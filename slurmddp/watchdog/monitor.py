@@ -87,7 +87,7 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
     judged = verdict.judge(world_size, progress, dumps, idle, timeout_s,
                            str(where.hang_dir / "rank-<R>.txt"))  # fmt: skip
     text = "".join(f"{line}\n" for line in judged.lines)
-    # Before the verdict, which the batch shell looks for: their node may be left behind.
+    # Before the verdict, which the supervisor looks for: their node may be left behind.
     files.write_atomically(where.suspects, "".join(
         f"{r} {progress[r].node}\n" for r in judged.stuck if r in progress))
     files.write_atomically(where.report, text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmddp.batch.jobspec import JobSpec, SpecError, build_spec
-from slurmddp.batch.sbatch import context, render_script
+from slurmddp.batch.sbatch import context, plan, render_script
 from slurmddp.batch.templating import directive_quote
 from tests.conftest import EVERY_SLURM, tagged_json
 
@@ -119,9 +120,35 @@ def bash_syntax_error(script: str) -> str | None:
     return None if r.returncode == 0 else r.stderr
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# The whole script, for a few cases that between them reach every part of the template: every
+# directive, hostile values with setup lines, torchrun's layout, an image with the host's python.
+# The step's command line of every launcher is a table in tests/supervisor/test_launchers.py.
+GOLDEN_CASES = ("srun_4x8gpu", "setup_env_args", "torchrun_nodes_1-4", "apptainer_2x4gpu")
+
+
+@pytest.mark.parametrize("name", GOLDEN_CASES)
 def test_golden(name):
     check_golden(name, render_script(CASES[name]))
+
+
+def test_no_golden_file_is_left_over():
+    assert sorted(p.stem for p in GOLDEN.glob("*.sh")) == sorted(GOLDEN_CASES)
+
+
+def test_every_case_hands_its_plan_over():
+    # What the supervisor runs, from the spec: the ranks' python in the image, the host's for the
+    # supervisor, the image's srun options after the user's.
+    for name, spec in CASES.items():
+        script, handed = render_script(spec), plan(spec)
+        assert f"--plan {shlex.quote(handed.to_json())} " in script, name
+        assert (handed.python, handed.target, handed.signal) == (spec.python, spec.target,
+                                                                 spec.signal)  # fmt: skip
+        assert handed.srun_args[: len(spec.srun_args)] == spec.srun_args
+    pyxis = plan(CASES["pyxis_torchrun"])
+    assert pyxis.srun_args[0] == "--container-image=/scratch/images/pytorch-24.05.sqsh"
+    pyxis_script = render_script(CASES["pyxis_torchrun"])
+    assert "exec /opt/venv/bin/python -m slurmddp.supervisor" in pyxis_script
+    assert "#SBATCH --no-requeue\n" in render_script(CASES["torchrun_cpu_no_requeue"])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -156,25 +183,29 @@ def test_a_bad_spec_is_refused_before_rendering():
 
 
 def test_usr1_may_be_the_stop_signal():
-    script = render_script(dataclasses.replace(BASE, signal="USR1"))
+    spec = dataclasses.replace(BASE, signal="USR1")
+    script = render_script(spec)
     assert "#SBATCH --signal=B:USR1@120" in script and "export SLURMDDP_SIGNAL=USR1" in script
-    assert "trap 'on_stop USR1' USR1" in script and "trap \"\" USR1; exec" in script
+    assert "kill -s USR1 \"$supervisor\" 2>/dev/null' USR1\n" in script
+    assert "(trap '' USR1 TERM; exec " in script
+    assert plan(spec).signal == "USR1" and 'trap "" USR1; exec "$@"' in plan(spec).rank_prefix
 
 
 def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
     # A job of ntasks_per_node tasks would make `srun --ntasks-per-node=1` start that many
     # torchruns per node: srun inherits SLURM_NTASKS and ignores the per-node count.
-    ctx = context(dataclasses.replace(CASES["torchrun_nodes_1-4"], cpus_per_task=6))
+    spec = dataclasses.replace(CASES["torchrun_nodes_1-4"], cpus_per_task=6)
+    ctx = context(spec)
     assert (ctx["tasks_per_node"], ctx["cpus_per_task"], ctx["nproc_per_node"]) == (1, 24, 4)
     assert ctx["rank_log"] == "/scratch/runs/%j/node-%n.log"
-    script = render_script(CASES["torchrun_nodes_1-4"])
-    # A node range is elastic: MIN up to what the allocation got, less the spares.
-    assert '--nnodes=1:"$SLURM_JOB_NUM_NODES"' in script and "#SBATCH --no-kill" in script
-    assert "--nnodes=2 " in render_script(CASES["torchrun_cpu_no_requeue"])
-    spare = render_script(dataclasses.replace(CASES["torchrun_cpu_no_requeue"], spare_nodes=1,
-                                              max_restarts=2))  # fmt: skip
-    assert "#SBATCH --nodes=3\n" in spare and '--nnodes=2:"$((SLURM_JOB_NUM_NODES - 1))"' in spare
-    assert "srun --kill-on-bad-exit=0 --no-kill " in spare
+    assert "#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n#SBATCH --cpus-per-task=24" in (
+        render_script(spec))
+    assert (plan(spec).cpus_per_task, plan(spec).nproc_per_node) == (24, 4)
+    # A node range is elastic (slurmddp.supervisor.launchers has the step's --nnodes).
+    assert "#SBATCH --no-kill" in render_script(spec) and plan(spec).elastic
+    spare = dataclasses.replace(CASES["torchrun_cpu_no_requeue"], spare_nodes=1, max_restarts=2)
+    assert "#SBATCH --nodes=3\n" in render_script(spare)
+    assert (plan(spare).nodes_min, plan(spare).spare_nodes, plan(spare).elastic) == (2, 1, True)
 
 
 def test_log_paths_escape_percent_for_slurm_but_not_for_mkdir():
@@ -214,7 +245,7 @@ exec "$@"
 FAKE_SCONTROL = "#!/bin/bash\necho n1\necho n2\n"
 RECORDER = """#!{python}
 import json, os, sys
-if sys.argv[1:3] == ["-m", "slurmddp.preemption.decision"]:  # the batch shell's decision
+if sys.argv[1:3] == ["-m", "slurmddp.supervisor"]:  # the job's supervisor
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 with open(os.environ["RECORD"], "w", encoding="utf-8") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
@@ -223,9 +254,9 @@ with open(os.environ["RECORD"], "w", encoding="utf-8") as f:
 
 def stand_in(path: Path, body: str) -> Path:
     """An executable at `path` that the script runs as its python: `body` (bash) for the step,
-    the real interpreter for the batch shell's decision."""
+    the real interpreter for the job's supervisor."""
     body = body.removeprefix("#!/bin/bash\n")
-    path.write_text(f"#!/bin/bash\nif [[ $1 == -m && $2 == slurmddp.preemption.decision ]]; "
+    path.write_text(f"#!/bin/bash\nif [[ $1 == -m && $2 == slurmddp.supervisor ]]; "
                     f"then exec "
                     f"{sys.executable} \"$@\"; fi\n{body}")  # fmt: skip
     path.chmod(0o755)
@@ -374,7 +405,7 @@ def test_a_step_that_fails_at_once_fails_the_job(fakes, tmp_path):
 
 STEP_TAKING_USR2 = f"""#!{sys.executable}
 import os, signal, sys, time
-if sys.argv[1:3] == ["-m", "slurmddp.preemption.decision"]:
+if sys.argv[1:3] == ["-m", "slurmddp.supervisor"]:
     os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 def got(signum, frame):
     print("got-usr2", file=open(os.environ["OUT"], "a"))
@@ -455,7 +486,7 @@ exit "${STEP_STATUS:-0}"
          "(--max-requeues) is reached; submit again to resume",
          ["scontrol update JobId=7 Requeue=0"]),
         ("requeue-refused", {"REQUEUE_STATUS": "1"}, 75,
-         "scontrol requeue 7 failed: the job ends here; submit again to resume",
+         "scontrol requeue 7 failed: status 1: the job ends here; submit again to resume",
          ["scontrol requeue 7"]),
         # The requeue's own TERM can end scontrol before it answers: Slurm's count says.
         ("requeue-answer-lost", {"REQUEUE_STATUS": "143", "RESTARTS_AFTER_REQUEUE": "1"}, 0,
@@ -470,7 +501,9 @@ def test_the_batch_shell_requeues_when_rank_0_asks(tmp_path, case, env, status, 
     assert not (out / "7" / "requeue").exists() and not (out / "7" / "done").exists()
 
 
-@pytest.mark.parametrize("command", ["unset ", "echo \"slurmddp: job", "rm -f -- ", "set -u"])
+@pytest.mark.parametrize("command", ["trap 'slurmddp_signals+=\" TERM", "supervisor= ready=0",
+                                     "unset ", "export SLURMDDP_BACKEND",
+                                     "[[ -e $SLURMDDP_DONE_FILE"])
 def test_a_stop_signal_at_any_command_before_the_step_requeues_without_starting_it(tmp_path,
                                                                                   command):
     # Slurm may signal the batch shell at any instant of its start (a preemption, a --signal time
@@ -484,6 +517,27 @@ def test_a_stop_signal_at_any_command_before_the_step_requeues_without_starting_
     assert "USR2 came before the step started: not starting it" in r.stderr
     assert "stopped (signal, USR2, before the step started) at restart 0" in r.stderr
     assert recorded == ["scontrol requeue 7"]  # no step
+
+
+def test_a_stop_signal_as_the_supervisor_starts_reaches_it(tmp_path):
+    # After the shell started the supervisor and before the supervisor listens: the shell passes
+    # it on again once told (URG), and the job is requeued, the step stopped or never started.
+    (tmp_path / "early.bash").write_text(
+        "trap '[[ -z ${sent:-} && $BASH_COMMAND == supervisor=* ]] && sent=1 && kill -USR2 $$' "
+        "DEBUG\n")  # fmt: skip
+    r, out, recorded = run_decision(tmp_path, {"BASH_ENV": str(tmp_path / "early.bash"),
+                                               "LEAVE": "USR2"})  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert recorded[-1] == "scontrol requeue 7" and "requeued (1 of 3)" in r.stderr
+    assert (out / "7" / "stop").read_text() == "USR2\n"
+
+
+def test_the_shells_own_variables_are_set_before_use(tmp_path):
+    # sbatch passes the submitting shell's environment on, with any name the script uses.
+    r, out, recorded = run_decision(tmp_path, {"ready": "1", "supervisor": "1",
+                                               "interrupted": "1"})  # fmt: skip
+    assert (r.returncode, recorded) == (0, ["step"]), r.stderr
+    assert (out / "7" / "done").exists()
 
 
 def test_a_failure_laid_on_a_node_requeues_the_job_without_it(tmp_path):

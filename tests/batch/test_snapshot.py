@@ -19,7 +19,7 @@ from slurmddp.batch.jobspec import build_spec
 from slurmddp.cli import build_parser
 from slurmddp.cli.submit import split_target
 from slurmddp.errors import SubmissionError
-from tests.conftest import launcher_free_env, tagged_json, wait_until
+from tests.conftest import handed_plan, launcher_free_env, tagged_json, wait_until
 
 
 def write(path: Path, text: str = "", mode: int | None = None) -> Path:
@@ -298,13 +298,13 @@ def test_dry_run_names_the_snapshot_submit_takes_and_writes_nothing(tmp_path):
     taken = take(spec_for(tmp_path, "train.py"), tmp_path)
     assert planned == taken.spec
     assert f"export SLURMDDP_CODE_DIR={taken.spec.code_dir}\n" in dry.stdout
-    assert f"-m slurmddp.run {taken.spec.target[0]} --x 'it'\"'\"'s'\n" in dry.stdout
+    assert handed_plan(dry.stdout).target == (taken.spec.target[0], "--x", "it's")
     # The script `template` writes is rendered only: it runs the files as they are then.
     template = slurmddp("template", "train.py", "--x", "it's", cwd=tmp_path).stdout
     off = slurmddp("submit", "--dry-run", "--no-snapshot", "train.py", "--x", "it's", cwd=tmp_path)
     assert template == off.stdout
     assert "(no snapshot of it was taken)" in template and "SLURMDDP_CODE_DIR" not in template
-    assert "-m slurmddp.run train.py --x 'it'\"'\"'s'\n" in template
+    assert handed_plan(template).target == ("train.py", "--x", "it's")
 
 
 def test_snapshot_is_an_option_of_the_files_and_of_the_command_line(tmp_path):

@@ -20,11 +20,10 @@ from tests.conftest import launcher_free_env
     ("environ", "route"),
     [
         ({"SLURMDDP_REQUEUE_FILE": "/j/requeue", "SLURM_JOB_ID": "7"}, "batch"),
-        ({"SLURMDDP_LOCAL_RESTART_FILE": "/j/7_restarts"}, "local"),
         ({"SLURM_JOB_ID": "7"}, "scontrol"),
         ({}, "none"),
     ],
-    ids=["our-batch-script", "local-emulation", "plain-srun-in-a-job", "no-scheduler"],
+    ids=["our-batch-script", "plain-srun-in-a-job", "no-scheduler"],
 )
 def test_requeue_route(environ, route):
     assert preemption.requeue_route(environ) == route
@@ -102,26 +101,6 @@ def test_under_the_batch_script_rank_0_leaves_the_reason_and_every_rank_exits_0(
     assert requeue_file.read_text() == "USR2\n"
 
 
-def test_local_emulation_counts_the_restart_and_asks_submitit_to_requeue(tmp_path, environ,
-                                                                          capsys):  # fmt: skip
-    counter = tmp_path / "5_restarts"
-    environ(SLURMDDP_LOCAL_RESTART_FILE=str(counter), SLURM_RESTART_COUNT="1", SLURM_JOB_ID="5")
-    assert requeue(agreed_to_stop()) == preemption.LOCAL_REQUEUE_STATUS
-    assert counter.read_text() == "2\n"
-    assert "job 5 stopped (signal, USR2) at restart 1 after its checkpoint: requeued (2 of 3)" \
-        in capsys.readouterr().err
-
-
-def test_at_the_requeue_limit_the_job_ends_non_zero_with_the_reason(tmp_path, environ, capsys):
-    counter = tmp_path / "5_restarts"
-    environ(SLURMDDP_LOCAL_RESTART_FILE=str(counter), SLURM_RESTART_COUNT="2",
-            SLURMDDP_MAX_REQUEUES="2")  # fmt: skip
-    assert requeue(agreed_to_stop()) == preemption.NOT_REQUEUED_STATUS
-    assert "not requeued, the limit of 2 requeues (--max-requeues) is reached" in \
-        capsys.readouterr().err
-    assert not counter.exists()
-
-
 def test_outside_slurm_nothing_requeues_and_the_status_says_so(environ, capsys):
     assert requeue(agreed_to_stop()) == preemption.NOT_REQUEUED_STATUS
     assert "outside a Slurm job: nothing requeues it" in capsys.readouterr().err
@@ -144,6 +123,17 @@ def fake_scontrol(tmp_path: Path, status: int = 0, preempted: bool = False,
                     f'echo refused >&2\nexit {status}\n')  # fmt: skip
     tool.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_at_the_requeue_limit_the_job_ends_non_zero_and_slurm_is_told(tmp_path, environ,
+                                                                      capsys):  # fmt: skip
+    environ(SLURM_JOB_ID="41", SLURM_RESTART_COUNT="2", SLURMDDP_MAX_REQUEUES="2",
+            **fake_scontrol(tmp_path))  # fmt: skip
+    assert requeue(agreed_to_stop()) == preemption.NOT_REQUEUED_STATUS
+    assert "not requeued, the limit of 2 requeues (--max-requeues) is reached" in \
+        capsys.readouterr().err
+    # A preempted job is requeued by Slurm itself unless it is told not to be.
+    assert (tmp_path / "calls").read_text() == "show job -o 41\nupdate JobId=41 Requeue=0\n"
 
 
 def test_without_the_batch_script_rank_0_runs_scontrol_requeue_for_the_array_task(tmp_path,

@@ -1,0 +1,78 @@
+"""The supervisor's parts: how a run ended read from its files, a plan it cannot read, its imports.
+
+Its whole run, signals included, is tested through the rendered batch script with stand-ins of
+srun and scontrol (tests/batch/test_sbatch.py) and on the clusters.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from slurmddp.supervisor import outcome
+
+
+def files(tmp_path, **contents: str) -> dict[str, str]:
+    """The run's files with `contents` (by protocol name, without SLURMDDP_), and the environ."""
+    names = {"REQUEUE_FILE": "requeue", "DONE_FILE": "done", "ASKED_FILE": "asked",
+             "FAILURE_FILE": "failures", "NODES_LOST_FILE": "nodes-lost", "HANG_DIR": "hang"}
+    environ = {f"SLURMDDP_{k}": str(tmp_path / v) for k, v in names.items()}
+    for key, text in contents.items():
+        (tmp_path / names[key]).write_text(text)
+    return environ
+
+
+def test_a_run_that_asked_for_a_requeue(tmp_path):
+    environ = files(tmp_path, REQUEUE_FILE="USR2\n", ASKED_FILE="")
+    ended = outcome.read(environ, batch_log=None, log_start=0, elastic=False)
+    assert (ended.asked, ended.done, ended.protocol_used, ended.hung) == ("USR2", False, True,
+                                                                          False)  # fmt: skip
+    assert not (tmp_path / "requeue").exists()  # taken: the next run starts without it
+
+
+def test_a_run_that_never_asked_and_failed_on_a_node(tmp_path):
+    environ = files(tmp_path, FAILURE_FILE="slurmddp: rank 3 (host n2) failed: boom\nlater\n",
+                    NODES_LOST_FILE="slurmddp: too few nodes\n")  # fmt: skip
+    log = tmp_path / "7.batch.log"
+    log.write_text("srun: error: n9: task 9: Exited with exit code 9\n")  # an earlier run's
+    start = log.stat().st_size
+    with log.open("a") as f:
+        f.write("other\nsrun: error: n2: tasks 2-3: Killed\nsrun: error: n1: task 0: Killed\n")
+    ended = outcome.read(environ, batch_log=log, log_start=start, elastic=True)
+    assert ended.seen == "srun: error: n2: tasks 2-3: Killed"
+    assert ended.reported == "slurmddp: rank 3 (host n2) failed: boom"
+    assert (ended.protocol_used, ended.nodes_lost) == (False, "slurmddp: too few nodes")
+    assert outcome.read(environ, batch_log=log, log_start=start, elastic=False).nodes_lost is None
+
+
+def test_a_hung_run_names_its_suspects(tmp_path):
+    environ = files(tmp_path)
+    for run, suspects in (("a", "1 n2\n2 n2\n"), ("b", "junk\n")):
+        state = tmp_path / "hang" / ".state" / run
+        state.mkdir(parents=True)
+        (state / "verdict").write_text(f"hung: ranks of {run}\n")
+        (state / "suspects").write_text(suspects)
+    ended = outcome.read(environ, batch_log=None, log_start=0, elastic=False)
+    assert ended.hung and ended.suspects == ((1, "n2"), (2, "n2"))
+    assert ended.verdicts == ("hung: ranks of a", "hung: ranks of b")
+    assert set(ended.facts()) == {"asked", "done", "protocol_used", "nodes_lost", "seen",
+                                  "reported", "hung", "suspects"}  # fmt: skip
+
+
+def test_a_plan_it_cannot_read_is_one_line_and_status_2():
+    for plan in ("{", '{"launcher": "srun", "python": "p", "target": [], "log_root": "/x", '
+                      '"gpus": 1}', '{"launcher": "slurm", "python": "p", "target": [], '
+                      '"log_root": "/x", "signal": "NOPE"}'):  # fmt: skip
+        r = subprocess.run([sys.executable, "-m", "slurmddp.supervisor", "--plan", plan],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("slurmddp: the batch script's plan cannot be read")
+
+
+def test_the_supervisor_imports_no_torch():
+    # It runs on the host's python, also when the ranks run in an image that has the torch.
+    code = ("import sys; import slurmddp.supervisor.supervise, slurmddp.supervisor.outcome, "
+            "slurmddp.preemption.decision, slurmddp.preemption.slurm; "
+            "assert 'torch' not in sys.modules")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
