@@ -22,7 +22,7 @@ _LAZY = {
     "resolve": "slurmddp.rank.env",
     "bootstrap": "slurmddp.rank.bootstrap",
     "run_id": "slurmddp.rank.identity",
-    "init": "slurmddp.rank.process_group",
+    "init": "slurmddp.launch.process_group",
     "JobSpec": "slurmddp.batch.jobspec",
     "build_spec": "slurmddp.batch.jobspec",
     "submit": "slurmddp.batch.executor",
@@ -48,11 +48,11 @@ if TYPE_CHECKING:
     from slurmddp.batch.jobspec import JobSpec, build_spec
     from slurmddp.checkpoint import Checkpointer
     from slurmddp.errors import JobFailedError
+    from slurmddp.launch.process_group import init
     from slurmddp.preemption.api import mark_done, requeue, should_stop
     from slurmddp.rank.bootstrap import bootstrap
     from slurmddp.rank.env import DistEnv, EnvError, resolve
     from slurmddp.rank.identity import run_id
-    from slurmddp.rank.process_group import init
     from slurmddp.training.sampler import ResumableDistributedSampler
     from slurmddp.watchdog.progress import heartbeat
 

@@ -29,7 +29,7 @@ MODULES = {
     "slurmddp.config": "slurmddp.batch.config",
     "slurmddp.coordination": "slurmddp.rank.coordination",
     "slurmddp.decision": "slurmddp.preemption.decision",
-    "slurmddp.doctor": "slurmddp.rank.doctor",
+    "slurmddp.doctor": "slurmddp.launch.doctor",
     "slurmddp.env": "slurmddp.rank.env",
     "slurmddp.hostlist": "slurmddp.rank.hostlist",
     "slurmddp.jobs": "slurmddp.batch.jobs",
@@ -37,14 +37,22 @@ MODULES = {
     "slurmddp.mpi": "slurmddp.rank.mpi",
     "slurmddp.output": "slurmddp.rank.output",
     "slurmddp.placement": "slurmddp.rank.placement",
-    "slurmddp.process_group": "slurmddp.rank.process_group",
+    "slurmddp.process_group": "slurmddp.launch.process_group",
     "slurmddp.sampler": "slurmddp.training.sampler",
     "slurmddp.sbatch": "slurmddp.batch.sbatch",
     "slurmddp.signals": "slurmddp.preemption.signals",
-    "slurmddp.startup": "slurmddp.rank.startup",
+    "slurmddp.startup": "slurmddp.launch.startup",
     "slurmddp.submission": "slurmddp.batch.submission",
     "slurmddp.templating": "slurmddp.batch.templating",
     "slurmddp.train_state": "slurmddp.training.train_state",
+    # The launchers left the pure placement modules (slurmddp.rank) for slurmddp.launch.
+    "slurmddp.cli.links": "slurmddp.links",
+    "slurmddp.rank.agent": "slurmddp.launch.agent",
+    "slurmddp.rank.doctor": "slurmddp.launch.doctor",
+    "slurmddp.rank.preflight": "slurmddp.launch.preflight",
+    "slurmddp.rank.process_group": "slurmddp.launch.process_group",
+    "slurmddp.rank.runner": "slurmddp.launch.runner",
+    "slurmddp.rank.startup": "slurmddp.launch.startup",
 }
 
 # An old module that is now a package at the same path -> where the old names the package no

@@ -1,6 +1,7 @@
-"""``python -m slurmddp.agent [torchrun options] ...``: torchrun's agent (`slurmddp.rank.agent`)."""
+"""``python -m slurmddp.agent [torchrun options] ...``: torchrun's agent
+(`slurmddp.launch.agent`)."""
 
-from slurmddp.rank.agent import main
+from slurmddp.launch.agent import main
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 scontrol (`slurmddp.batch.emulation`)."""
 
 from slurmddp.batch.emulation import main
-from slurmddp.rank.runner import exit_process
+from slurmddp.launch.runner import exit_process
 
 if __name__ == "__main__":
     exit_process(main())

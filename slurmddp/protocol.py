@@ -109,7 +109,7 @@ DEFAULT_HANG_TIMEOUT_S: Final = 600
 SRUN_SETTLE_S: Final = 2
 
 # The preflight's check, run on every node (``--preflight``) by python -m slurmddp.run -m.
-PREFLIGHT_MODULE: Final = "slurmddp.rank.preflight"
+PREFLIGHT_MODULE: Final = "slurmddp.launch.preflight"
 
 # The job's supervisor (slurmddp.supervisor): the batch script hands each run over to it.
 SUPERVISOR_MODULE: Final = "slurmddp.supervisor"

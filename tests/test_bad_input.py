@@ -431,7 +431,7 @@ def invoke_forked(case: Case, world: dict[str, Path]) -> subprocess.CompletedPro
     env = case_env(case, world)
     module, *args = case.argv
     if module == "slurmddp.run":
-        from slurmddp.rank import runner as entry
+        from slurmddp.launch import runner as entry
     else:
         from slurmddp import cli as entry
     out, err = world["bin"].parent / "child.stdout", world["bin"].parent / "child.stderr"

@@ -4,7 +4,7 @@ fails here, saying which, before a job does.
 - submitit: ``_submit_command`` and ``_make_submission_file_text`` submit our own batch script
   (slurmddp.batch.submission; submitit has no public way to). pyproject.toml bounds submitit.
 - torch: ``torch.distributed.rendezvous._rendezvous_handlers`` lets the runner bound a script's
-  own ``init_process_group()`` (slurmddp.rank.startup.patch); ``slurmddp.init`` takes the public
+  own ``init_process_group()`` (slurmddp.launch.startup.patch); ``slurmddp.init`` takes the public
   route, a ``slurmddp://`` scheme registered with ``register_rendezvous_handler``.
 - torch: a DataLoader worker is recognised by its target, ``torch.utils.data._utils.worker.
   _worker_loop`` (slurmddp.preemption.workers shields it from Slurm's TERM); torch.compile's
@@ -33,7 +33,7 @@ import submitit
 
 from slurmddp.batch import jobs, submission
 from slurmddp.batch.jobspec import build_spec
-from slurmddp.rank import startup
+from slurmddp.launch import startup
 from tests.conftest import launcher_free_env
 
 # --- submitit ----------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_torchs_rendezvous_reads_the_private_handlers_at_call_time(monkeypatch):
     handlers = getattr(module, "_rendezvous_handlers", None)
     assert isinstance(handlers, dict) and "env" in handlers, (
         "torch.distributed.rendezvous._rendezvous_handlers['env'] is gone: the runner can no "
-        "longer bound a script's own init_process_group() (slurmddp.rank.startup.patch)")
+        "longer bound a script's own init_process_group() (slurmddp.launch.startup.patch)")
     called: list[str] = []
 
     def handler(url: str, **kwargs):

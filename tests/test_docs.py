@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.cli import build_parser, links, main, reference
-from slurmddp.rank import runner
+from slurmddp import links
+from slurmddp.cli import build_parser, main, reference
+from slurmddp.launch import runner
 from tests.conftest import ROOT
 from tests.test_public_api import PUBLIC
 

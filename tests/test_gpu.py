@@ -58,7 +58,7 @@ def rank_env(**extra: str) -> dict[str, str]:
 def test_init_joins_nccl_with_the_device_bound(tmp_path):
     out = run_rank(
         """
-        from slurmddp.rank.process_group import device
+        from slurmddp.launch.process_group import device
         group = td.distributed_c10d._get_default_group()
         t = torch.ones(4, device=device())
         td.all_reduce(t)
@@ -378,7 +378,7 @@ def test_doctor_check_passes_on_nccl():
 
 def test_the_preflight_passes_a_healthy_gpu_and_fails_a_wrong_product(monkeypatch):
     from slurmddp.errors import NodeCheckError
-    from slurmddp.rank import preflight
+    from slurmddp.launch import preflight
 
     assert preflight.check_gpus() == torch.cuda.device_count()
     # A GPU that computes wrong: its products come back changed.
@@ -389,7 +389,7 @@ def test_the_preflight_passes_a_healthy_gpu_and_fails_a_wrong_product(monkeypatc
 
 
 def test_the_preflight_runs_under_the_runner_on_nccl():
-    r = subprocess.run([sys.executable, "-m", "slurmddp.run", "-m", "slurmddp.rank.preflight"],
+    r = subprocess.run([sys.executable, "-m", "slurmddp.run", "-m", "slurmddp.launch.preflight"],
                        cwd=ROOT, env=rank_env(), capture_output=True, text=True,
                        timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
@@ -433,7 +433,7 @@ def test_the_rank_runs_on_the_cpus_the_kernel_lists_near_its_gpu(tmp_path):
     out = run_rank(
         """
         from slurmddp.rank import placement
-        from slurmddp.rank import process_group
+        from slurmddp.launch import process_group
         listed = process_group.gpu_cpulist(torch, 0)
         near = placement.parse_cpulist(listed.read_text())
         out.update(path=str(listed), near=sorted(near), mine=sorted(os.sched_getaffinity(0)),

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-import slurmddp
 from slurmddp import _moved
 from tests.conftest import ROOT
 
@@ -66,7 +65,7 @@ OLD = {
     "slurmddp.config": ("slurmddp.batch.config", ["Settings", "load_sources"]),
     "slurmddp.coordination": ("slurmddp.rank.coordination", ["wait_all"]),
     "slurmddp.decision": ("slurmddp.preemption.decision", ["decide"]),
-    "slurmddp.doctor": ("slurmddp.rank.doctor", ["run_checks"]),
+    "slurmddp.doctor": ("slurmddp.launch.doctor", ["run_checks"]),
     "slurmddp.env": ("slurmddp.rank.env", ["DistEnv", "EnvError", "resolve"]),
     "slurmddp.hostlist": ("slurmddp.rank.hostlist", [
         "compress", "expand", "expand_tasks_per_node",
@@ -79,17 +78,25 @@ OLD = {
     "slurmddp.mpi": ("slurmddp.rank.mpi", ["survey"]),
     "slurmddp.output": ("slurmddp.rank.output", ["prefix_output"]),
     "slurmddp.placement": ("slurmddp.rank.placement", ["cpu_threads"]),
-    "slurmddp.process_group": ("slurmddp.rank.process_group", ["init"]),
+    "slurmddp.process_group": ("slurmddp.launch.process_group", ["init"]),
     "slurmddp.sampler": ("slurmddp.training.sampler", ["ResumableDistributedSampler"]),
     "slurmddp.sbatch": ("slurmddp.batch.sbatch", ["render_script"]),
     "slurmddp.signals": ("slurmddp.preemption.signals", ["Receiver"]),
-    "slurmddp.startup": ("slurmddp.rank.startup", ["join"]),
+    "slurmddp.startup": ("slurmddp.launch.startup", ["join"]),
     "slurmddp.submission": ("slurmddp.batch.submission", ["submit"]),
     "slurmddp.templating": ("slurmddp.batch.templating", ["render"]),
     "slurmddp.train_state": ("slurmddp.training.train_state", [
         "capture", "capture_rng", "prime_ddp", "prime_on_next_forward", "restore", "restore_rng",
         "unwrap",
     ]),
+    # The launchers left the pure placement modules (slurmddp.rank) for slurmddp.launch.
+    "slurmddp.cli.links": ("slurmddp.links", ["docs_url", "help_link"]),
+    "slurmddp.rank.agent": ("slurmddp.launch.agent", ["main"]),
+    "slurmddp.rank.doctor": ("slurmddp.launch.doctor", ["run_checks"]),
+    "slurmddp.rank.preflight": ("slurmddp.launch.preflight", ["main"]),
+    "slurmddp.rank.process_group": ("slurmddp.launch.process_group", ["init"]),
+    "slurmddp.rank.runner": ("slurmddp.launch.runner", ["main"]),
+    "slurmddp.rank.startup": ("slurmddp.launch.startup", ["join"]),
 }  # fmt: skip
 NEEDS_TORCH = {"slurmddp.sampler", "slurmddp.train_state"}  # as their new modules do
 
@@ -167,7 +174,9 @@ def first_import() -> Iterator[None]:
             sys.modules.pop(old, None)
             # The import system binds the module on its parent; a top-level name (bootstrap)
             # that shares the name is looked up lazily again.
-            vars(slurmddp).pop(old.rpartition(".")[2], None)
+            package, _, short = old.rpartition(".")
+            if package in sys.modules:
+                vars(sys.modules[package]).pop(short, None)
 
     forget()
     yield
@@ -199,13 +208,14 @@ def test_the_old_paths_are_the_ones_served() -> None:
 def test_old_path_warns_and_is_the_new_module(old: str) -> None:
     new, names = OLD[old]
     message = f"{old} is deprecated: import {new}"
-    short = old.rpartition(".")[2]
+    package, _, short = old.rpartition(".")
 
     ran = _run(f"import {old}")
     assert message in ran["warned"]
-    assert sys.modules[old] is importlib.import_module(new) is getattr(slurmddp, short)
+    parent = importlib.import_module(package)
+    assert sys.modules[old] is importlib.import_module(new) is getattr(parent, short)
 
-    vars(slurmddp).pop(short)
+    vars(parent).pop(short)
     del sys.modules[old]
     ran = _run(f"from {old} import {', '.join(names)}")
     assert message in ran["warned"]
@@ -220,8 +230,8 @@ def test_from_slurmddp_import_old_module(old: str) -> None:
     # Not slurmddp.bootstrap: `from slurmddp import bootstrap` is the function, in the previous
     # release as in this one.
     new, _ = OLD[old]
-    short = old.rpartition(".")[2]
-    ran = _run(f"from slurmddp import {short}")
+    package, _, short = old.rpartition(".")
+    ran = _run(f"from {package} import {short}")
     assert f"{old} is deprecated: import {new}" in ran["warned"]
     assert ran[short] is importlib.import_module(new)
 

@@ -1,7 +1,7 @@
 """MkDocs hook: the generated pages' parts (``<!-- generated: NAME -->``) and the site's URL.
 
 The references come from slurmddp.cli.reference, the URL ``--help`` links to from
-slurmddp.cli.links; the home page
+slurmddp.links; the home page
 says what the README says, from the README (its links made the site's).
 """
 
@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from slurmddp.cli import links, reference
+from slurmddp import links
+from slurmddp.cli import reference
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

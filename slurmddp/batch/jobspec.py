@@ -27,6 +27,7 @@ from slurmddp.batch.options import (
     SIGNALS,
 )
 from slurmddp.errors import SpecError
+from slurmddp.supervisor.launchers import LAUNCHERS as LAUNCHER_TYPES
 
 __all__ = [
     "BACKENDS",
@@ -154,7 +155,8 @@ class JobSpec:
     @property
     def elastic(self) -> bool:
         """torchrun's agents go on in place when a node is lost: a node range, or spares."""
-        return self.launcher == "torchrun" and (
+        kind = LAUNCHER_TYPES.get(self.launcher)
+        return kind is not None and kind.agents and (
             self.nodes_min < self.nodes_max or self.spare_nodes > 0)
 
 
@@ -287,10 +289,10 @@ def _check_container(spec: JobSpec) -> None:
     for arg in spec.container_args:
         _check_no_nul("container argument", arg)
     if spec.container_runtime == "pyxis":
-        if spec.launcher == "mpirun":
+        if not LAUNCHER_TYPES[spec.launcher].through_srun:
             raise SpecError(
                 "container_runtime='pyxis' starts the ranks through srun, but launcher is "
-                "'mpirun': use launcher srun or torchrun, or the runtime apptainer"
+                f"{spec.launcher!r}: use launcher srun or torchrun, or the runtime apptainer"
             )
         for arg in spec.srun_args:
             if arg.startswith("--container-image"):
@@ -349,7 +351,7 @@ def _check_launch(spec: JobSpec) -> None:
     if spec.mpi is not None:
         if not _MPI_PLUGIN.fullmatch(spec.mpi):
             raise SpecError(f"mpi={spec.mpi!r} is not an MPI plugin name: see `srun --mpi=list`")
-        if spec.launcher != "srun":
+        if not LAUNCHER_TYPES[spec.launcher].mpi_plugin:
             raise SpecError(
                 f"mpi={spec.mpi!r} is srun's MPI plugin, but launcher is {spec.launcher!r}: use "
                 "it with launcher srun"
@@ -358,14 +360,14 @@ def _check_launch(spec: JobSpec) -> None:
     _check_count("hang_timeout", spec.hang_timeout)
     _check_rdzv(spec)
     _check_count("spare_nodes", spec.spare_nodes)
-    if spec.spare_nodes and spec.launcher != "torchrun":
+    if spec.spare_nodes and not LAUNCHER_TYPES[spec.launcher].agents:
         raise SpecError(f"spare_nodes={spec.spare_nodes} needs launcher torchrun (its agents take "
                         "a spare into the rendezvous): use launcher torchrun")  # fmt: skip
     if spec.elastic and not spec.max_restarts:
         raise SpecError(f"nodes {spec.nodes} with {spec.spare_nodes} spare under torchrun go on "
                         "when a node is lost by restarting the workers: give max_restarts, the "
                         "losses to survive (e.g. --max-restarts 3)")  # fmt: skip
-    if spec.max_restarts and spec.launcher != "torchrun":
+    if spec.max_restarts and not LAUNCHER_TYPES[spec.launcher].agents:
         raise SpecError(
             f"max_restarts={spec.max_restarts} needs launcher torchrun (srun does not restart "
             "ranks): use launcher torchrun, or leave max_restarts at 0"
@@ -378,7 +380,7 @@ def _check_rdzv(spec: JobSpec) -> None:
         raise SpecError(f"rdzv_backend={spec.rdzv_backend!r} is not one of "
                         f"{', '.join(options.RDZV_BACKENDS)}")  # fmt: skip
     given = spec.rdzv_endpoint is not None or spec.rdzv_backend != "c10d"
-    if given and spec.launcher != "torchrun":
+    if given and not LAUNCHER_TYPES[spec.launcher].agents:
         raise SpecError(f"rdzv_backend/rdzv_endpoint are torchrun's, but launcher is "
                         f"{spec.launcher!r}: use launcher torchrun")  # fmt: skip
     if spec.rdzv_backend != "c10d" and spec.rdzv_endpoint is None:

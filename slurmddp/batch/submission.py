@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import submitit
@@ -148,9 +148,6 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path |
     script = folder / f".local_script_{secrets.token_hex(6)}.sh"
     script.write_text(text)
     script.chmod(0o700)
-    # submitit's local controller (a child of this process) reads the signal it sends before the
-    # time-out from its environment.
-    os.environ["SUBMITIT_PREEMPT_SIGNAL"] = spec.signal
     executor = submitit.LocalExecutor(folder=spec.output_dir, python=shlex.quote(spec.python))
     timeout_s = (spec.time_minutes or 60 * 24 * 365) * 60
     executor.update_parameters(tasks_per_node=1, timeout_min=timeout_s / 60,
@@ -176,13 +173,32 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path |
     # `submit --follow` would end the job too, with a traceback. Started with SIGINT ignored (as
     # its children then are), it survives as a Slurm job does; `slurmddp cancel` ends it.
     try:
-        if threading.current_thread() is not threading.main_thread():  # signals are the main's
-            return executor._submit_command(shlex.join(command))
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            return executor._submit_command(shlex.join(command))
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        with _controller_signal(spec.signal):
+            if threading.current_thread() is not threading.main_thread():  # the main's signals
+                return executor._submit_command(shlex.join(command))
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                return executor._submit_command(shlex.join(command))
+            finally:
+                signal.signal(signal.SIGINT, previous)
     except BaseException:
         script.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def _controller_signal(name: str) -> Iterator[None]:
+    """submitit's local controller (a child of this process) reads the signal it sends before the
+    time-out from the environment it starts with: set for that start only, then as it was."""
+    before = os.environ.get(_PREEMPT_SIGNAL)
+    os.environ[_PREEMPT_SIGNAL] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_PREEMPT_SIGNAL, None)
+        else:
+            os.environ[_PREEMPT_SIGNAL] = before
+
+
+_PREEMPT_SIGNAL = "SUBMITIT_PREEMPT_SIGNAL"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp import dist
-from slurmddp.checkpoint import layout, loading, manifest, modes, ranks, snapshots
+from slurmddp.checkpoint import inflight, layout, loading, manifest, modes, ranks, snapshots
 from slurmddp.checkpoint.loading import Checkpoint, Runs
 from slurmddp.checkpoint.state import check_state, check_step
 from slurmddp.errors import CheckpointError, warn
@@ -104,6 +104,8 @@ class Checkpointer:
         saved = layout.read_save_time(self.directory)
         if saved is not None:
             _preemption().note_save(saved, warn_slow=True)
+        # Never a requeue announced before the checkpoint is on disk.
+        _preemption().on_leave(inflight.wait_for_saves, requeue_only=True)
 
     def save(self, step: int, state: Mapping[str, Any]) -> None:
         """Write `state` as checkpoint `step` and point `latest` at it; collective.

@@ -8,14 +8,14 @@ import sys
 from collections.abc import Sequence
 
 from slurmddp import __version__
-from slurmddp.cli.links import help_link
 from slurmddp.errors import Parser, reported
+from slurmddp.links import help_link
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from slurmddp.cli import jobs as cli_jobs
     from slurmddp.cli import submit as cli_submit
-    from slurmddp.rank import doctor
+    from slurmddp.launch import doctor
 
     # No abbreviations: a prefix of one option may be another's whole name in sbatch (--ntasks
     # once read as --ntasks-per-node); a near miss gets "did you mean" (slurmddp.cli.submit).
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int | str | None:
     command = argv[0] if argv else None
     if command == "run":
         # The runner's argv is split by hand: everything after SCRIPT is the script's.
-        from slurmddp.rank import runner as run
+        from slurmddp.launch import runner as run
 
         run.exit_process(run.main(argv[1:], prog="slurmddp run"))
     with reported(f"slurmddp {command}" if command and command[0] != "-" else "slurmddp"):
@@ -85,7 +85,7 @@ def _dispatch(argv: list[str], command: str | None) -> int | str | None:
         commands.get(opts.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     opts.prog = f"slurmddp {opts.command}" if opts.command else "slurmddp"
     if opts.command == "doctor":
-        from slurmddp.rank import doctor
+        from slurmddp.launch import doctor
 
         return doctor.main(opts)
     if opts.command in ("status", "logs", "cancel", "profiles"):

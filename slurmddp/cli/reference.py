@@ -6,7 +6,7 @@ configuration key, check), as TorchX renders its runopts; the environment variab
 their declarations in `slurmddp.protocol`. docs/hooks/reference.py puts both into the site as
 it is built (``<!-- generated: cli -->``, ``<!-- generated: environment -->``). Pure: it reads
 parsers and source, and imports neither torch nor anything that does. The links themselves, which
-every rank's runner builds its --help with, live in slurmddp.cli.links (no option table).
+every rank's runner builds its --help with, live in slurmddp.links (no option table).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["cli_markdown", "environment_markdown", "variables"]
 def _commands() -> Iterator[tuple[str, str, argparse.ArgumentParser, str]]:
     """(title, anchor, parser, summary) of every command, in the order of ``slurmddp --help``."""
     from slurmddp.cli import build_parser
-    from slurmddp.rank import runner
+    from slurmddp.launch import runner
 
     parser, commands = build_parser()
     yield "slurmddp", "slurmddp", parser, parser.description or ""

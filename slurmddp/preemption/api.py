@@ -31,9 +31,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -49,7 +48,7 @@ from slurmddp.protocol import (
     NOT_REQUEUED_STATUS,
     REQUEUE_FILE_VAR,
 )
-from slurmddp.rank import startup
+from slurmddp.rank import bootstrap
 from slurmddp.watchdog import progress
 
 __all__ = [
@@ -72,6 +71,21 @@ class State:
         self.stop_at: float | None = None
         self.save_s: float | None = None  # the last measured save's duration
         self.self_stopped = False
+        # What must finish before this rank leaves (`on_leave`): callback -> at requeue only.
+        self.leaving: dict[Callable[[], None], bool] = {}
+
+    def on_leave(self, callback: Callable[[], None], *, requeue_only: bool = False) -> None:
+        """Have `callback` run once this rank leaves: at `requeue` (those `requeue_only` first),
+        and at `mark_done` unless `requeue_only`. Checkpoints register their saves in flight (a
+        requeue is announced only once the checkpoint is on disk), snapshots their memory; the
+        stop protocol imports neither."""
+        self.leaving.setdefault(callback, requeue_only)
+
+    def _leave(self, requeue: bool) -> None:
+        for only in (True, False):
+            for callback in [c for c, r in self.leaving.items() if r is only]:
+                if requeue or not only:
+                    callback()
 
     def install(self, environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
         """`install`, for this state."""
@@ -122,7 +136,7 @@ class State:
         self.install()
         self.receiver.take_term()
         self.asked = True
-        startup.say_restart_hazard()  # a framework's script under torchrun has no bootstrap
+        bootstrap.say_restart_hazard()  # a framework's script under torchrun has no bootstrap
         self.end = deadline.job_end(ask=dist.rank() == 0)
         if self.end is not None:
             self.stop_at = deadline.stop_at(self.end, deadline.lead_s(os.environ), self.save_s)
@@ -134,7 +148,7 @@ class State:
         """`mark_done`, for this state."""
         self.done = True
         progress.finish()
-        _close_snapshots()
+        self._leave(requeue=False)
         self.install()  # a late signal must not end the process either
         self.agreement.close()
         path = os.environ.get(DONE_FILE_VAR)
@@ -143,11 +157,7 @@ class State:
 
     def requeue(self) -> NoReturn:
         """`requeue`, for this state."""
-        if "slurmddp.checkpoint" in sys.modules:
-            from slurmddp.checkpoint import wait_for_saves
-
-            wait_for_saves()  # never announce a requeue before the checkpoint is on disk
-        _close_snapshots()
+        self._leave(requeue=True)
         self.agreement.close()
         if self.done:
             warn("the job is marked done: not requeued")
@@ -167,15 +177,6 @@ class State:
         if rank == 0:
             _requeue_with_scontrol(reason)
         raise SystemExit(0)
-
-
-def _close_snapshots() -> None:
-    """The run ends: the snapshots in the nodes' memory go (the work is done, or the stop's
-    checkpoint is durable)."""
-    if "slurmddp.checkpoint.snapshots" in sys.modules:
-        from slurmddp.checkpoint.snapshots import close_all
-
-        close_all()
 
 
 _state = State()

@@ -5,11 +5,8 @@ to a frozen `env.DistEnv` that says where every value came from, reading variabl
 `variables` and a Slurm step's task layout through `slurm_step`; `hostlist` expands Slurm's
 host lists without ``scontrol``; `placement` chooses backend, device and CPU threads;
 `identity` names the run, the same in every requeue (`slurmddp.run_id`). The side effects sit
-at the edges: `bootstrap` exports torchrun's variables and the run id, `startup` runs a
-bounded rendezvous that names who is missing, `process_group` initialises torch.distributed
-(`slurmddp.init`), `coordination` keeps the rendezvous store at hand for waits that no
-collective timeout bounds, `mpi` asks MPI what only MPI knows. The launchers: `runner`
-(``python -m slurmddp.run``), `agent` (torchrun's agent, ``python -m slurmddp.agent``),
-`output` (rank-prefixed lines), `doctor` (``slurmddp doctor``) and `preflight` (a node's checks
-before training, ``submit --preflight``).
+at the edges: `bootstrap` exports torchrun's variables and the run id, `coordination` keeps the
+rendezvous store at hand for waits that no collective timeout bounds, `mpi` asks MPI what only
+MPI knows, `output` prefixes a rank's lines. What starts and runs the ranks on top of these is
+`slurmddp.launch`; nothing here imports it.
 """

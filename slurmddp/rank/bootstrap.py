@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
+from slurmddp.errors import warn
 from slurmddp.protocol import MASTER_HOST_FORMAT_VAR as MASTER_HOST_FORMAT_VAR
 from slurmddp.protocol import RUN_ID_VAR, STORE_SERVER_VAR
 from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
 from slurmddp.rank.identity import run_id
 from slurmddp.rank.placement import THREADS_VAR, cpu_threads
-from slurmddp.rank.startup import say_restart_hazard
 
 _current: DistEnv | None = None
 
@@ -77,3 +77,33 @@ def _set_threads(env: MutableMapping[str, str], dist: DistEnv) -> None:
 def current() -> DistEnv | None:
     """The `DistEnv` this process bootstrapped with, or None before `bootstrap`."""
     return _current
+
+
+def restart_hazard(environ: Mapping[str, str]) -> str | None:
+    """Why torchrun's own restarts of this worker would fail, or None. Its agent shares one store
+    with the workers across restarts, under the same keys (torch 2.8 to 2.13 at least;
+    pytorch/pytorch#167288): a restarted worker reads a dead one's address and the process
+    group never forms. slurmddp.agent, and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, give each
+    round a store of its own (the workers then see TORCHELASTIC_USE_AGENT_STORE=False)."""
+    restarts = environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not restarts.isdigit() \
+            or int(restarts) == 0:  # fmt: skip
+        return None
+    return (f"torchrun --max-restarts {restarts} will not restart this training: its agent keeps "
+            "one store for the workers across restarts, and the restarted ones would read the "
+            "dead ones' addresses and fail to form the process group (pytorch/pytorch#167288). "
+            "Start it with python -m slurmddp.agent in place of torchrun (the same options), "
+            "or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")  # fmt: skip
+
+
+_hazard_said = False
+
+
+def say_restart_hazard(environ: Mapping[str, str] = os.environ) -> None:
+    """Rank 0 warns once per process of a `restart_hazard`."""
+    global _hazard_said
+    if _hazard_said or environ.get("RANK", "0") != "0":
+        return
+    _hazard_said = True
+    if (said := restart_hazard(environ)) is not None:
+        warn(said)

@@ -8,7 +8,7 @@ Collectives are the wrong tool for two things the stop protocol and checkpoints 
   a collective would have to be entered at the same step on every rank.
 
 The ``env://`` rendezvous (and torchrun's agent store) is a TCPStore every rank already reaches.
-`slurmddp.rank.startup` records it here when the process group starts; callers take their own
+`slurmddp.launch.startup` records it here when the process group starts; callers take their own
 connection to it (`connect`), since a blocking wait holds a connection for its whole length and
 torch's own connection must stay free for torch. Keys live under `namespace()`, which differs for
 every run of a job and every torchrun restart, so nothing from an earlier run is ever read.

@@ -42,7 +42,7 @@ def choose(
 
     `cuda_device_count` is what torch sees, `environ` says how the launcher bound GPUs to the
     task (`gpu_index`). `auto` means nccl on a GPU, gloo on CPU. Two ranks that end up on one
-    GPU are found at the rendezvous, by the GPU's UUID (`slurmddp.rank.startup`).
+    GPU are found at the rendezvous, by the GPU's UUID (`slurmddp.launch.startup`).
     """
     if requested not in BACKENDS:
         raise PlacementError(f"unknown backend {requested!r}: use one of {', '.join(BACKENDS)}")

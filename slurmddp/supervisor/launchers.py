@@ -71,6 +71,12 @@ class Launcher:
     log_note: ClassVar[str]  # what the log holds, for the batch script's header
     # Why it cannot run under ``--local`` (words after "--local: "); None if it can.
     local_problem: ClassVar[str | None] = None
+    # What applies to it, for the job's checks (slurmddp.batch.jobspec): srun starts its tasks
+    # (so an image's pyxis options reach them); srun's --mpi plugin; torchrun's agents (a
+    # rendezvous, restarts, spare nodes, a node range that goes on in place).
+    through_srun: ClassVar[bool] = True
+    mpi_plugin: ClassVar[bool] = False
+    agents: ClassVar[bool] = False
 
     def tasks_per_node(self, ntasks_per_node: int) -> int:
         """Slurm tasks per node for `ntasks_per_node` ranks per node."""
@@ -93,6 +99,7 @@ class Srun(Launcher):
     rank_log = "rank-%t.log"
     log_pattern = "{folder}/{job_id}/rank-{rank}.log"
     log_note = "each rank's output"
+    mpi_plugin = True
 
     def step(self, plan: Plan, run: Run) -> Step:
         return Step(_srun(plan, self.rank_log) + self._rank(plan, "-m", "slurmddp.run",
@@ -105,6 +112,7 @@ class Torchrun(Launcher):
     log_pattern = "{folder}/{job_id}/node-{rank}.log"
     log_note = ("each node's torchrun, lines tagged [rank/world size] (torchrun's rendezvous "
                 "decides which ranks a node runs)")  # fmt: skip
+    agents = True
 
     def tasks_per_node(self, ntasks_per_node: int) -> int:
         return 1  # each node's agent starts its workers
@@ -143,6 +151,7 @@ class Mpirun(Launcher):
     log_note = "every rank's output, lines tagged [rank/world size]"
     local_problem = ("--launcher mpirun cannot run locally (mpirun finds the allocation's nodes "
                      "through Slurm): use --launcher srun or torchrun")  # fmt: skip
+    through_srun = False
 
     def step(self, plan: Plan, run: Run) -> Step:
         return Step(("mpirun", "-np", str(run.ntasks),

@@ -221,7 +221,7 @@ def test_local_time_limit_warning_is_the_time_limit_to_the_decision(tmp_path):
 @pytest.mark.ranks
 def test_local_torchrun_with_preflight_runs_the_same_steps(tmp_path):
     # 2 nodes: two agents meet, the first node's hosting the store, though every node is
-    # localhost (slurmddp.rank.agent.hosts_store); one worker each: how many is torchrun's part.
+    # localhost (slurmddp.launch.agent.hosts_store); one worker each: how many is torchrun's part.
     r, job, text = local_job(tmp_path, "--launcher", "torchrun", "--preflight", "--nodes", "2",
                              "--ntasks-per-node", "1", str(ROOT / "examples" / "ddp_train.py"),
                              "--steps", "5")  # fmt: skip

@@ -26,6 +26,16 @@ def local(tmp_path, monkeypatch):
     return slurmddp.Executor(tmp_path / "jobs", local=True, nodes=2)
 
 
+def test_a_local_submission_leaves_this_process_environment_as_it_was(local, monkeypatch):
+    # submitit's local controller takes the stop signal from its environment: given it at its
+    # start only, never left in the submitting process's.
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    before = dict(os.environ)
+    job = local.submit(functions.times, 6, 7)
+    assert dict(os.environ) == before
+    assert job.result(timeout=120) == (42, 0, "")
+
+
 def test_every_rank_runs_the_function_and_rank_0s_value_comes_back(local):
     job = local.submit(functions.all_reduce, 10.0)
     assert job.result(timeout=120) == {"rank": 0, "world": 2, "host": job.result()["host"],

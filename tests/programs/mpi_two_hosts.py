@@ -24,6 +24,6 @@ os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(local_size)
 os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(local)
 os.environ["SLURMD_NODENAME"] = ("localhost", "127.0.0.1")[node]
 
-from slurmddp.rank import runner as run  # noqa: E402
+from slurmddp.launch import runner as run  # noqa: E402
 
 run.exit_process(run.main(sys.argv[1:]))

@@ -79,15 +79,16 @@ def test_the_preflight_is_one_task_per_node_without_the_watchdog():
         "srun", "--kill-on-bad-exit=1", "--open-mode=append",
         "--output=/runs/100%%/%j/preflight.log", "--ntasks=3", "--ntasks-per-node=1",
         "--export=ALL,SLURMDDP_HANG_TIMEOUT=0", "--cpus-per-task=2", "--mpi=pmix", *RANK, "-m",
-        "slurmddp.run", "-m", "slurmddp.rank.preflight")  # fmt: skip
+        "slurmddp.run", "-m", "slurmddp.launch.preflight")  # fmt: skip
 
 
 def test_the_layout_and_logs_of_each_launcher():
     layout = {name: (kind.tasks_per_node(4), kind.cpus_per_task(4, 3), kind.rank_log,
-                     kind.local_problem is None) for name, kind in LAUNCHERS.items()}  # fmt: skip
-    assert layout == {"srun": (4, 3, "rank-%t.log", True),
-                      "torchrun": (1, 12, "node-%n.log", True),
-                      "mpirun": (4, 3, "ranks.log", False)}  # fmt: skip
+                     kind.local_problem is None, kind.through_srun, kind.mpi_plugin, kind.agents)
+              for name, kind in LAUNCHERS.items()}  # fmt: skip
+    assert layout == {"srun": (4, 3, "rank-%t.log", True, True, True, False),
+                      "torchrun": (1, 12, "node-%n.log", True, True, False, True),
+                      "mpirun": (4, 3, "ranks.log", False, False, False, False)}  # fmt: skip
     for kind in LAUNCHERS.values():
         assert kind.log_pattern.format(folder="F", job_id="J", rank=0).startswith("F/J/")
 

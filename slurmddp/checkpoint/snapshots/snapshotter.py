@@ -108,6 +108,11 @@ class Snapshots:
         self._said: set[str] = set()
         self._checked = False  # the first snapshot's state was checked on every rank
         _live.add(self)
+        from slurmddp.preemption.api import state  # the stop protocol's, imported late
+
+        # The run ends (mark_done, requeue): the snapshots in the nodes' memory go (the work is
+        # done, or the stop's checkpoint is durable).
+        state().on_leave(close_all)
 
     @property
     def interval(self) -> int:

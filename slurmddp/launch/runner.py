@@ -18,14 +18,16 @@ import atexit
 import contextlib
 import os
 import runpy
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
 from slurmddp import errors
-from slurmddp.cli.links import help_link
 from slurmddp.errors import EnvError, Parser, UserError, fail, one_line, report, reported
+from slurmddp.launch import startup
+from slurmddp.links import help_link
 from slurmddp.preemption import api as preemption
 from slurmddp.protocol import (
     CODE_DIR_VAR,
@@ -34,7 +36,6 @@ from slurmddp.protocol import (
     NOT_REQUEUED_STATUS,
     USAGE_ERROR,
 )
-from slurmddp.rank import startup
 from slurmddp.rank.bootstrap import bootstrap, current
 
 PROG = "python -m slurmddp.run"
@@ -195,7 +196,13 @@ def exit_process(status: int | str | None) -> NoReturn:
     script used torch.distributed, the process ends with os._exit: torch's gloo teardown during
     finalization can abort a rank that has finished its work ("terminate called without an
     active exception"), and srun --kill-on-bad-exit then fails the whole job.
+
+    The stop signal is ignored from here on: one that comes as the script ends (the time limit's
+    warning, passed on by srun a little late) would end the rank in its teardown, where Python
+    gives the script's own handler up, and fail a job whose work is done.
     """
+    with contextlib.suppress(UserError, ValueError):  # a bad $SLURMDDP_SIGNAL; not the main thread
+        signal.signal(preemption.stop_signal(os.environ), signal.SIG_IGN)
     if "torch.distributed" not in sys.modules:
         sys.exit(status)
     if isinstance(status, str):

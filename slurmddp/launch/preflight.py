@@ -1,5 +1,5 @@
 """The preflight (``slurmddp submit --preflight``): is this node fit to train on? Run on every
-node, one task each, by ``python -m slurmddp.run -m slurmddp.rank.preflight`` before the job's
+node, one task each, by ``python -m slurmddp.run -m slurmddp.launch.preflight`` before the job's
 step.
 
 First this node's own checks: every GPU it shows computes a matrix product right. A failure
@@ -44,7 +44,7 @@ def check_gpus() -> int:
 
 def main() -> int:
     """This node's checks, then the collectives across the nodes; 0 when all pass."""
-    from slurmddp.rank import doctor
+    from slurmddp.launch import doctor
     from slurmddp.rank.bootstrap import bootstrap
 
     check_gpus()

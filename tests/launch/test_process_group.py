@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.rank import startup
+from slurmddp.rank import bootstrap
 from tests.conftest import free_port, launcher_free_env
 
 
@@ -137,11 +137,11 @@ def test_doctor_bad_environment_is_one_line():
 
 # torch is imported before the clock starts: on a loaded machine its import alone took 8 s.
 START = """
-    import time, torch.distributed, slurmddp, slurmddp.rank.startup
+    import time, torch.distributed, slurmddp, slurmddp.launch.startup
     t = time.monotonic()
     try:
         slurmddp.init("gloo")
-    except slurmddp.rank.startup.StartupError as e:
+    except slurmddp.launch.startup.StartupError as e:
         print(f"{time.monotonic() - t:.1f} {e}")
     """
 
@@ -248,7 +248,7 @@ def test_init_after_importing_torch_still_sets_the_ranks_threads():
 
 CLAIM = """
     import sys, torch.distributed as td
-    from slurmddp.rank import startup
+    from slurmddp.launch import startup
     rank, world, port, gpu = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     store = td.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
     try:
@@ -280,7 +280,7 @@ def test_ranks_that_claim_one_gpu_all_hear_it_at_the_rendezvous():
 def test_a_rank_moves_to_the_cpus_its_gpus_pci_device_lists(tmp_path, monkeypatch):
     import types
 
-    from slurmddp.rank import process_group
+    from slurmddp.launch import process_group
 
     props = types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
@@ -309,7 +309,7 @@ def test_a_rank_moves_to_the_cpus_its_gpus_pci_device_lists(tmp_path, monkeypatc
     ({}, False),  # not under torchrun
 ])
 def test_torchruns_shared_store_across_restarts_is_named(environ, said):
-    hazard = startup.restart_hazard(environ)
+    hazard = bootstrap.restart_hazard(environ)
     assert (hazard is not None) == said
     if said:
         assert hazard == (

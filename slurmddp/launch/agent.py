@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import main as torchrun
 
-    from slurmddp.rank.startup import host_name, startup_timeout
+    from slurmddp.launch.startup import host_name, startup_timeout
 
     # Each rendezvous round gets a store of its own (rank 0's worker serves it, on a port the
     # round's agents agree on). torchrun's default shares the agents' store with the workers

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from slurmddp.rank import agent
-from slurmddp.rank.agent import with_rdzv_conf, with_rdzv_port
+from slurmddp.launch import agent
+from slurmddp.launch.agent import with_rdzv_conf, with_rdzv_port
 from slurmddp.rank.env import derive_port
 from tests.conftest import launcher_free_env
 

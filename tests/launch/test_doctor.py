@@ -1,4 +1,4 @@
-"""slurmddp.rank.doctor: the shared memory warning (the checks themselves: test_process_group)."""
+"""slurmddp.launch.doctor: the shared memory warning (the checks themselves: test_process_group)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from slurmddp.rank.doctor import shm_problem
+from slurmddp.launch.doctor import shm_problem
 from tests.conftest import launcher_free_env
 
 MIB = 1 << 20

@@ -86,8 +86,8 @@ def run_checks(dist: DistEnv, backend: str, timeout: float) -> int:
     import torch
     import torch.distributed as td
 
+    from slurmddp.launch.process_group import device, init
     from slurmddp.rank.placement import PlacementError
-    from slurmddp.rank.process_group import device, init
 
     t0 = time.perf_counter()
     try:

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp.dist import group as current_group
+from slurmddp.launch import startup
 from slurmddp.preemption import api as preemption
 from slurmddp.protocol import BACKEND_VAR as BACKEND_VAR
-from slurmddp.rank import placement, startup
+from slurmddp.rank import placement
 from slurmddp.rank.bootstrap import bootstrap
 from slurmddp.rank.env import DistEnv
 
@@ -35,8 +36,8 @@ def init(
     `timeout` (seconds or a timedelta) bounds every collective, and start-up when shorter; None
     keeps torch's default (30 minutes on gloo, 10 on nccl). `startup_timeout` (seconds, default
     $SLURMDDP_STARTUP_TIMEOUT or 300) bounds the wait for every rank to join; its failure is a
-    `slurmddp.rank.startup.StartupError` naming the missing ranks. Calling `init` again returns the
-    same `DistEnv` without touching the existing group.
+    `slurmddp.launch.startup.StartupError` naming the missing ranks. Calling `init` again returns
+    the same `DistEnv` without touching the existing group.
     """
     import torch
     import torch.distributed as td

@@ -209,6 +209,22 @@ def test_a_torch_distributed_script_runs_atexit_and_flushes_before_its_fast_exit
     assert r.stdout == "no newline, still flushedatexit ran\n"
 
 
+@pytest.mark.parametrize("torch_distributed", [False, True])
+def test_a_stop_signal_as_the_script_ends_never_fails_the_rank(tmp_path, torch_distributed):
+    # The time limit's warning, passed on by srun a little late, reaching a rank whose script is
+    # over: by then its own handler is given up (a framework's teardown, Python's finalization).
+    p = tmp_path / "s.py"
+    p.write_text(
+        f"import atexit, os, signal{', torch.distributed' if torch_distributed else ''}\n"
+        "signal.signal(signal.SIGUSR2, lambda *a: None)\n"
+        "signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # given up, as at teardown\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGUSR2))\n"
+        "print('done', flush=True)\n"
+    )
+    r = run([str(p)], clean_env())
+    assert (r.returncode, r.stdout) == (0, "done\n"), r.stderr
+
+
 # --- a failing rank names itself (issue 7) -------------------------------------------------------
 
 
