@@ -142,6 +142,17 @@ def warn(message: str) -> None:
     print(f"slurmddp: {message}", file=sys.stderr, flush=True)
 
 
+_said: set[str] = set()
+
+
+def first_time(what: str) -> bool:
+    """True the first time this process asks about `what`: for what is said once a process."""
+    if what in _said:
+        return False
+    _said.add(what)
+    return True
+
+
 def one_line(e: BaseException) -> str:
     """The exception's message with its line breaks folded, or its type without one."""
     return " ".join(str(e).split()) or type(e).__name__

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import submitit
 
+from slurmddp import patches
 from slurmddp.batch import jobs, submission
 from slurmddp.batch.jobspec import build_spec
 from slurmddp.launch import startup
@@ -125,38 +126,50 @@ def test_torchs_rendezvous_reads_the_private_handlers_at_call_time(monkeypatch):
     assert called and called[0].startswith("env:")
 
 
-def test_patch_without_the_private_handlers_keeps_torchs_own_and_says_so(capsys):
-    assert startup.patch(types.ModuleType("torch.distributed.rendezvous")) is False
+def test_patch_without_the_private_handlers_keeps_torchs_own_and_says_so(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous",
+                        types.ModuleType("torch.distributed.rendezvous"))  # fmt: skip
+    assert startup.patch() is False
+    assert "torch.distributed.rendezvous:_rendezvous_handlers[env]" not in patches.applied()
     err = capsys.readouterr().err
     assert err.startswith("slurmddp: this torch has no torch.distributed.rendezvous."
                           "_rendezvous_handlers['env']"), err  # fmt: skip
     assert "(slurmddp.init() is bounded)" in err
 
 
-def test_patch_replaces_env_once(monkeypatch):
+@pytest.fixture
+def fake_rendezvous(monkeypatch):
     original = object()
     module = types.SimpleNamespace(_rendezvous_handlers={"env": original})
-    monkeypatch.setattr(startup, "_torch_env_handler", None)
-    assert startup.patch(module) is True  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "torch.distributed.rendezvous", module)
+    yield module, original
+    patches.remove(startup.ENV_HANDLER)
+
+
+def test_patch_replaces_env_once_and_its_removal_puts_torchs_back(fake_rendezvous):
+    module, original = fake_rendezvous
+    assert startup.patch() is True
     patched = module._rendezvous_handlers["env"]
-    assert patched is not original and startup._torch_env_handler is original
-    assert startup.patch(module) is True  # type: ignore[arg-type]
+    assert patched is not original and patches.original(startup.ENV_HANDLER) is original
+    assert startup.patch() is True
     assert module._rendezvous_handlers["env"] is patched
+    patches.remove(startup.ENV_HANDLER)
+    assert module._rendezvous_handlers["env"] is original
 
 
 def test_the_scheme_leaves_what_env_would_refuse_to_torchs_own(monkeypatch):
     # No RANK: torch's env:// error, reached through its public rendezvous().
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(startup, "_torch_env_handler", None)
     from torch.distributed.rendezvous import rendezvous
 
     with pytest.raises(ValueError, match="environment variable RANK expected, but not set"):
         next(rendezvous(startup.register(), -1, -1, timeout=datetime.timedelta(seconds=5)))
 
 
-def test_the_scheme_goes_to_torchs_env_handler_not_through_a_patched_env(monkeypatch):
+def test_the_scheme_goes_to_torchs_env_handler_not_through_a_patched_env(fake_rendezvous):
     # Under the runner env:// is ours: through it, the rendezvous would join twice.
+    module, _ = fake_rendezvous
     seen: list[str] = []
 
     def torchs(url: str, **kwargs):
@@ -164,7 +177,8 @@ def test_the_scheme_goes_to_torchs_env_handler_not_through_a_patched_env(monkeyp
         raise LookupError("torch's own")
         yield
 
-    monkeypatch.setattr(startup, "_torch_env_handler", torchs)
+    module._rendezvous_handlers["env"] = torchs
+    assert startup.patch() is True
     with pytest.raises(LookupError):
         startup._torch_env("slurmddp:?rank=0&world_size=2", datetime.timedelta(seconds=1), {})
     assert seen == ["env:?rank=0&world_size=2"]
@@ -174,9 +188,10 @@ def test_init_takes_the_public_route_and_leaves_env_alone():
     code = """
         import json, sys, slurmddp, torch.distributed as td
         slurmddp.init("gloo", timeout=30)
-        handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+        module = sys.modules["torch.distributed.rendezvous"]
+        handlers = module._rendezvous_handlers
         print(json.dumps({"scheme": "slurmddp" in handlers, "world": td.get_world_size(),
-                          "env_patched": hasattr(handlers["env"], "_slurmddp_startup")}))
+                          "env_patched": handlers["env"].__module__ != module.__name__}))
         td.destroy_process_group()
         """
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
@@ -235,17 +250,20 @@ def test_the_dataloader_inside_is_what_exact_loading_wraps():
     from torch.utils.data import DataLoader, dataloader
     from torch.utils.data._utils import fetch, worker
 
-    from slurmddp.training import loader as exact
+    from slurmddp import patches
 
     # What install() replaces, as torch defines it (its originals where a test of this process
     # installed it).
-    def torchs(owner: type, name: str, key: str) -> object:
-        return exact._original.get(key) or owner.__dict__[name]
+    def torchs(owner: type, name: str) -> object:
+        target = f"torch.utils.data.dataloader:{owner.__name__}.{name}"
+        if target in patches.applied():
+            return patches.original(patches.declared()[target])
+        return owner.__dict__[name]
 
-    assert isinstance(torchs(DataLoader, "_index_sampler", "index_sampler"), property)
-    assert callable(torchs(DataLoader, "__iter__", "iter"))
+    assert isinstance(torchs(DataLoader, "_index_sampler"), property)
+    assert callable(torchs(DataLoader, "__iter__"))
     assert "self._num_yielded += 1" in inspect.getsource(
-        torchs(dataloader._BaseDataLoaderIter, "__next__", "next"))
+        torchs(dataloader._BaseDataLoaderIter, "__next__"))
     # What an iterator reads from its loader as it is made: the index sampler (the skip and the
     # batches' seeds), the generator (its base seed) and, with workers, their init function.
     made = inspect.getsource(dataloader._BaseDataLoaderIter.__init__)

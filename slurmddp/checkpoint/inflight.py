@@ -27,6 +27,8 @@ _counter = itertools.count()
 def register(save: InFlight) -> int:
     """Record `save` as in flight; the number to `unregister` it with."""
     order = next(_counter)
+    if order == 0:  # at the first save, not on import: importing slurmddp changes nothing
+        atexit.register(_finish_writes_at_exit)
     _in_flight[order] = save
     return order
 
@@ -51,7 +53,6 @@ def wait_for_saves() -> None:
         raise first
 
 
-@atexit.register
 def _finish_writes_at_exit() -> None:
     # `slurmddp.run` ends the process with os._exit after atexit: a checkpoint being written in
     # the background must reach the disk first. Local join only; collectives may be gone by now.

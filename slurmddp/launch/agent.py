@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slurmddp import patches
 from slurmddp.errors import EnvError
 from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
@@ -148,6 +149,59 @@ def full(state: Any, max_nodes: int) -> bool:
     return bool(state.complete and len(state.participants) >= max_nodes)
 
 
+_HANDLER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous:DynamicRendezvousHandler"
+# id(handler): how many nodes its last round completed with.
+_round_sizes: dict[int, int] = {}
+
+
+def _state(handler: Any) -> Any:
+    # torch's private state: where a later torch renames it, torch's own behaviour stays.
+    return getattr(getattr(handler, "_state_holder", None), "state", None)
+
+
+def _noting_the_round(joined: Any) -> Any:
+    def next_rendezvous(self: Any) -> Any:
+        info = joined(self)
+        _round_sizes[id(self)] = len(getattr(_state(self), "participants", ()))
+        return info
+
+    return next_rendezvous
+
+
+def _counting_a_lost_node(waiting: Any) -> Any:
+    def num_nodes_waiting(self: Any) -> int:
+        count = waiting(self)  # (synchronises the state, dropping nodes whose beats stopped)
+        now = _state(self)
+        if now is None:
+            return count
+        if not lost_a_node(now, _round_sizes.get(id(self), 0)):
+            settings = getattr(self, "_settings", None)
+            if count and settings is not None and full(now, settings.max_nodes):
+                return 0
+            return count
+        for worker in children(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        return max(count, 1)
+
+    return num_nodes_waiting
+
+
+ROUND_SIZE = patches.Patch(
+    f"{_HANDLER}.next_rendezvous",
+    why="notes how many nodes each round completed with, for num_nodes_waiting",
+    by="slurmddp.agent",
+    make=_noting_the_round,
+)
+LOST_NODE = patches.Patch(
+    f"{_HANDLER}.num_nodes_waiting",
+    why="a round that lost a node sends the agents back to the rendezvous (torch restarts "
+    "workers only for a node that waits to join), and a node waiting on a full round does not",
+    by="slurmddp.agent",
+    make=_counting_a_lost_node,
+)
+
+
 def restart_when_a_peer_is_lost() -> None:
     """Make torchrun's agents restart their workers when a node of their round is lost.
 
@@ -164,40 +218,11 @@ def restart_when_a_peer_is_lost() -> None:
     left over once the other took a lost node's place, and joined as that round formed) is not
     a reason to restart. torch would, every time, and each new round would leave a node waiting
     again: the workers restarted every second, for good (seen with --spare-nodes 2). It joins
-    the round after a loss."""
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler as Handler,
-    )
+    the round after a loss.
 
-    joined, waiting = Handler.next_rendezvous, Handler.num_nodes_waiting
-    sizes: dict[int, int] = {}  # id(handler): how many nodes its last round completed with
-
-    def state(handler: Handler) -> Any:
-        # torch's private state: where a later torch renames it, torch's own behaviour stays.
-        return getattr(getattr(handler, "_state_holder", None), "state", None)
-
-    def next_rendezvous(self: Handler) -> Any:
-        info = joined(self)
-        sizes[id(self)] = len(getattr(state(self), "participants", ()))
-        return info
-
-    def num_nodes_waiting(self: Handler) -> int:
-        count = waiting(self)  # (synchronises the state, dropping nodes whose beats stopped)
-        now = state(self)
-        if now is None:
-            return count
-        if not lost_a_node(now, sizes.get(id(self), 0)):
-            settings = getattr(self, "_settings", None)
-            if count and settings is not None and full(now, settings.max_nodes):
-                return 0
-            return count
-        for worker in children(os.getpid()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGKILL)
-        return max(count, 1)
-
-    Handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
-    Handler.num_nodes_waiting = num_nodes_waiting  # type: ignore[method-assign]
+    The patches `ROUND_SIZE` and `LOST_NODE` (`slurmddp.patches`), in the agent's process."""
+    patches.apply(ROUND_SIZE)
+    patches.apply(LOST_NODE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

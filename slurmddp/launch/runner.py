@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from slurmddp import errors
+from slurmddp import errors, patches
 from slurmddp.errors import EnvError, Parser, UserError, fail, one_line, report, reported
 from slurmddp.launch import startup
 from slurmddp.links import help_link
@@ -154,7 +154,7 @@ def _prepare(argv: Sequence[str], prog: str) -> tuple[str | None, list[str]]:
     # A script's own init_process_group() gets the bounded, explained rendezvous too.
     startup.install_hook()
     # DataLoaders resume exactly from the script's first one; torch is the script's to import.
-    startup.after_import("torch", _exact_data)
+    patches.when_imported("torch", _exact_data)
     if opts.print_env:
         for name, value, source in dist.rows():
             print(f"{name:>16} = {value:<20} ({source})", file=sys.stderr)

@@ -14,25 +14,26 @@ this rank's arrival) and its failures are one clear `StartupError`:
 ``register_rendezvous_handler`` (`register`); it reads the variables ``env://`` reads. Under
 ``python -m slurmddp.run`` a script's own ``torch.distributed.init_process_group()``
 (``env://``, the default) gets it too: the runner replaces torch's ``env://`` handler when torch
-is imported (`install_hook`, `patch`: torch's one private API used here). Once every rank has
-arrived, the store takes the process group's timeout again, as torch's own handler leaves it,
-and `slurmddp.rank.coordination` keeps it for what collectives should not do (stop, long waits).
+is imported (`install_hook`: the patch `ENV_HANDLER`, on torch's one private API used here).
+Once every rank has arrived, the store takes the process group's timeout again, as torch's own
+handler leaves it, and `slurmddp.rank.coordination` keeps it for what collectives should not do
+(stop, long waits).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
-import importlib.abc
-import importlib.machinery
+import functools
+import itertools
 import os
 import socket
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
+from slurmddp import patches
 from slurmddp.errors import StartupError, UserError, warn
 from slurmddp.protocol import STARTUP_TIMEOUT_VAR as TIMEOUT_VARIABLE
 from slurmddp.protocol import STORE_SERVER_VAR
@@ -41,17 +42,19 @@ from slurmddp.watchdog import progress as watchdog
 
 DEFAULT_TIMEOUT_S = 300.0
 _RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
-_PATCHED = "_slurmddp_startup"  # marks our handler, so that patching twice is harmless
 
-_override_s: float | None = None  # `slurmddp.init(startup_timeout=...)`, for its one call
-_gpu: str | None = None  # the UUID of the GPU `slurmddp.init` gave this rank, for its one call
-_generation = 0  # each rendezvous of this process joins under its own keys
+# What `slurmddp.init` gives its one rendezvous (`limited`): (startup_timeout=..., the UUID of
+# the GPU it gave this rank).
+_limits: contextvars.ContextVar[tuple[float | None, str | None]] = contextvars.ContextVar(
+    "slurmddp_startup_limits", default=(None, None))
+_generations = itertools.count(1)  # each rendezvous of this process joins under its own keys
 
 
 def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
     """Seconds a rank waits at the rendezvous for all others: $SLURMDDP_STARTUP_TIMEOUT or 300."""
-    if _override_s is not None:
-        return _override_s
+    override, _ = _limits.get()
+    if override is not None:
+        return override
     text = environ.get(TIMEOUT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
@@ -68,12 +71,11 @@ def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
 def limited(seconds: float | None, gpu: str | None = None) -> Iterator[None]:
     """Within the block, `startup_timeout` is `seconds` (None: as the environment says), and the
     rendezvous refuses to start NCCL where another rank holds this rank's GPU (UUID `gpu`)."""
-    global _override_s, _gpu
-    _override_s, _gpu = seconds, gpu
+    token = _limits.set((seconds, gpu))
     try:
         yield
     finally:
-        _override_s = _gpu = None
+        _limits.reset(token)
 
 
 def host_name() -> str:
@@ -96,10 +98,8 @@ def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str,
     NCCL refuses it with "Duplicate GPU detected" (or hangs). `serving`: this process serves
     the store (`serves_store`; None: rank 0 does).
     """
-    global _generation
     serving = rank == 0 if serving is None else serving
-    _generation += 1
-    prefix = f"slurmddp/startup/{_generation}/"
+    prefix = f"slurmddp/startup/{next(_generations)}/"
     limit = datetime.timedelta(seconds=timeout_s)
     try:
         _check_owner(store, serving, limit, where)
@@ -242,7 +242,7 @@ def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any
         serving = rank == 0 if served not in ("0", "1") else served == "1"
         store = open_store(addr, port, rank, world_size, limit, libuv, serving)
         where = f"{addr}:{port}"
-    join(store, rank, world_size, limit, where, gpu=_gpu, serving=serving)
+    join(store, rank, world_size, limit, where, gpu=_limits.get()[1], serving=serving)
     store.set_timeout(timeout)
     coordination.record(store, rank, world_size)
     watchdog.arm(rank, world_size)
@@ -253,22 +253,18 @@ def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any
 # --- slurmddp.init: a scheme of our own, through torch's public registry ---------------------
 
 SCHEME = "slurmddp"
-_registered = False
-_torch_env_handler: Any = None  # torch's env:// handler, once `patch` replaced it
 
 
+@functools.cache
 def register() -> str:
     """Register the bounded rendezvous as ``slurmddp://`` (once); the init_method to give.
 
     It reads what ``env://`` reads (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, the URL's query).
     """
-    global _registered
-    if not _registered:
-        from torch.distributed.rendezvous import register_rendezvous_handler
+    from torch.distributed.rendezvous import register_rendezvous_handler
 
-        with contextlib.suppress(RuntimeError):  # registered by an earlier copy of this module
-            register_rendezvous_handler(SCHEME, _scheme_handler)
-        _registered = True
+    with contextlib.suppress(RuntimeError):  # registered by an earlier copy of this module
+        register_rendezvous_handler(SCHEME, _scheme_handler)
     return f"{SCHEME}://"
 
 
@@ -281,9 +277,9 @@ def _torch_env(url: str, timeout: datetime.timedelta,
                kwargs: dict[str, Any]) -> tuple[Any, int, int]:  # fmt: skip
     """torch's own ``env://`` rendezvous for a ``slurmddp://`` `url`."""
     parts = urlparse(url)
-    if _torch_env_handler is not None:  # env:// is ours (`patch`): not through it a second time
-        return next(_torch_env_handler(urlunparse(parts._replace(scheme="env")),
-                                       timeout=timeout, **kwargs))  # fmt: skip
+    if ENV_HANDLER.target in patches.applied():  # env:// is ours: not through it a second time
+        return next(patches.original(ENV_HANDLER)(urlunparse(parts._replace(scheme="env")),
+                                                  timeout=timeout, **kwargs))  # fmt: skip
     from torch.distributed.rendezvous import rendezvous
 
     # torch's public entry puts rank and world size into the query itself.
@@ -296,7 +292,7 @@ def _torch_env(url: str, timeout: datetime.timedelta,
 # --- the runner: a script's own init_process_group() ------------------------------------------
 #
 # A script's plain ``init_process_group()`` asks for env://, and torch has no public way to
-# replace a registered handler (register_rendezvous_handler refuses a scheme twice). So `patch`
+# replace a registered handler (register_rendezvous_handler refuses a scheme twice). So the patch
 # swaps the entry in torch's private ``_rendezvous_handlers`` dict, pinned by
 # tests/test_dependencies.py. Where a torch lacks it, the script keeps torch's own env://
 # (unbounded, torch's messages) and a warning says so; `slurmddp.init` is unaffected (`register`).
@@ -310,66 +306,30 @@ def _wrap(original: Any) -> Any:
         return _bounded(url, timeout, kwargs,
                         lambda u, t: next(original(u, timeout=t, **kwargs)))  # fmt: skip
 
-    setattr(env_handler, _PATCHED, original)
     return env_handler
 
 
-def patch(module: ModuleType | None = None) -> bool:
+ENV_HANDLER = patches.Patch(
+    f"{_RENDEZVOUS_MODULE}:{_PRIVATE_HANDLERS}[env]",
+    why="a script's own init_process_group() (env://) gets the bounded rendezvous that names "
+    "the missing ranks, as slurmddp.init()'s does",
+    by="python -m slurmddp.run, as the script imports torch",
+    make=_wrap,
+)
+
+
+def patch(_module: object = None) -> bool:
     """Replace torch's ``env://`` rendezvous handler with the bounded one (idempotent).
 
     False, with a warning, where this torch keeps its handlers elsewhere (the script's env://
     stays torch's own).
     """
-    global _torch_env_handler
-    if module is None:
-        import torch.distributed  # noqa: F401  (loads the rendezvous module)
-
-        module = sys.modules[_RENDEZVOUS_MODULE]
-    handlers = getattr(module, _PRIVATE_HANDLERS, None)
-    if not isinstance(handlers, dict) or handlers.get("env") is None:
-        warn(f"this torch has no {_RENDEZVOUS_MODULE}.{_PRIVATE_HANDLERS}['env']: a script's own "
-             "init_process_group() waits as torch's env:// does, not as "
-             f"{TIMEOUT_VARIABLE} says (slurmddp.init() is bounded)")  # fmt: skip
-        return False
-    original = handlers["env"]
-    if not hasattr(original, _PATCHED):
-        _torch_env_handler = original
-        handlers["env"] = _wrap(original)
-    return True
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` right after the module `name` is first executed."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], Any]) -> None:
-        self.name = name
-        self.then = then
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != self.name or name in sys.modules:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        run = loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            run(module)
-            self.then(module)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def after_import(name: str, then: Callable[[ModuleType], Any]) -> None:
-    """`then(module)` once the module `name` is imported: now if it is, else right after the
-    script first imports it (the runner's way of changing torch without importing it)."""
-    if name in sys.modules:
-        then(sys.modules[name])
-    elif not any(isinstance(f, _AfterImport) and (f.name, f.then) == (name, then)
-                 for f in sys.meta_path):  # fmt: skip
-        sys.meta_path.insert(0, _AfterImport(name, then))
+    if patches.apply(ENV_HANDLER):
+        return True
+    warn(f"this torch has no {_RENDEZVOUS_MODULE}.{_PRIVATE_HANDLERS}['env']: a script's own "
+         "init_process_group() waits as torch's env:// does, not as "
+         f"{TIMEOUT_VARIABLE} says (slurmddp.init() is bounded)")  # fmt: skip
+    return False
 
 
 def install_hook() -> None:
@@ -377,4 +337,4 @@ def install_hook() -> None:
 
     torch is not imported here: the rendezvous module is patched when the script imports torch.
     """
-    after_import(_RENDEZVOUS_MODULE, patch)
+    patches.when_imported(_RENDEZVOUS_MODULE, patch)

@@ -18,7 +18,8 @@
   `BIRTH_S` seconds is killed and forked again, with a warning. Spawned and forkserver workers are
   not forked from the rank.
 
-`shield()` installs both, once, in the rank (`Receiver.install`).
+`shield()` installs both, once, in the rank (`Receiver.install`): the patch `WORKER_START` of
+multiprocessing's ``BaseProcess.start`` (`slurmddp.patches`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from slurmddp import patches
 from slurmddp.errors import warn
 
-__all__ = ["BIRTH_S", "shield"]
+__all__ = ["BIRTH_S", "WORKER_START", "shield"]
 
 # A forked worker reaches its target within milliseconds; one silent this long is stuck.
 BIRTH_S = 10.0
@@ -48,12 +50,28 @@ _WORKER_LOOPS = {
     ("torch.utils.data._utils.worker", "_worker_loop"),
     ("torchdata.stateful_dataloader.worker", "_worker_loop"),
 }
-_original_start = multiprocessing.process.BaseProcess.start
+
+
+def _starting(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        _shielded_start(self, original)
+
+    return start
+
+
+WORKER_START = patches.Patch(
+    "multiprocessing.process:BaseProcess.start",
+    why="DataLoader workers start with SIGTERM blocked (Slurm's TERM to the step must not end "
+    "them before the rank's agreed stop) and a forked one stuck in its fork is forked again; "
+    "other children start as before",
+    by="the stop protocol's install (slurmddp.init, slurmddp.run, the integrations)",
+    make=_starting,
+)
 
 
 def shield() -> None:
     """Start DataLoader workers from now on as this module says; other children as before."""
-    multiprocessing.process.BaseProcess.start = _shielded_start  # type: ignore[method-assign]
+    patches.apply(WORKER_START)
 
 
 def _is_dataloader_worker(target: Any) -> bool:
@@ -118,7 +136,8 @@ def _start_method(process: multiprocessing.process.BaseProcess) -> str:
             or multiprocessing.get_all_start_methods()[0])  # fmt: skip
 
 
-def _shielded_start(self: multiprocessing.process.BaseProcess) -> None:
+def _shielded_start(self: multiprocessing.process.BaseProcess,
+                    original: Callable[[Any], None]) -> None:
     """`Process.start` for a rank: DataLoader workers shielded, every other child as it was.
 
     A child is born with its creator's signal mask, and threads a library starts in the child at
@@ -140,18 +159,18 @@ def _shielded_start(self: multiprocessing.process.BaseProcess) -> None:
     if not _is_dataloader_worker(target):
         if method == "forkserver":
             self._slurmddp_term = _TermUnblocked()  # type: ignore[attr-defined]
-        return _original_start(self)
+        return original(self)
     old = _block_term()
     try:
         if method == "fork":
-            return _fork_alive(self, target)
+            return _fork_alive(self, target, original)
         self._target = _Shielded(target)  # type: ignore[attr-defined]
-        return _original_start(self)
+        return original(self)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _fork_alive(process: Any, target: Callable[..., Any]) -> None:
+def _fork_alive(process: Any, target: Callable[..., Any], start: Callable[[Any], None]) -> None:
     """Fork the worker until its child says it runs (or has ended: torch reports that)."""
     args, kwargs = process._args, process._kwargs  # start() deletes them
     for fork in range(1, _FORKS + 1):
@@ -160,7 +179,7 @@ def _fork_alive(process: Any, target: Callable[..., Any]) -> None:
             process._target = _Shielded(target, (read, write))
             process._args, process._kwargs = args, kwargs
             try:
-                _original_start(process)
+                start(process)
             finally:
                 os.close(write)
             said = select.poll()  # not select(): a rank's descriptors may pass FD_SETSIZE

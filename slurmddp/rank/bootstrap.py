@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from slurmddp.errors import warn
+from slurmddp.errors import first_time, warn
 from slurmddp.protocol import MASTER_HOST_FORMAT_VAR as MASTER_HOST_FORMAT_VAR
 from slurmddp.protocol import RUN_ID_VAR, STORE_SERVER_VAR
 from slurmddp.rank.env import DistEnv, NodesUnknown, hostfile_head, resolve
@@ -96,14 +96,9 @@ def restart_hazard(environ: Mapping[str, str]) -> str | None:
             "or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun")  # fmt: skip
 
 
-_hazard_said = False
-
-
 def say_restart_hazard(environ: Mapping[str, str] = os.environ) -> None:
     """Rank 0 warns once per process of a `restart_hazard`."""
-    global _hazard_said
-    if _hazard_said or environ.get("RANK", "0") != "0":
+    if environ.get("RANK", "0") != "0" or not first_time("bootstrap.restart_hazard"):
         return
-    _hazard_said = True
     if (said := restart_hazard(environ)) is not None:
         warn(said)

@@ -54,10 +54,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.data import dataloader as _dataloader
 from torch.utils.data._utils import fetch as _fetch
 
-from slurmddp import dist, protocol
+from slurmddp import dist, patches, protocol
 
 _MASK = (1 << 64) - 1
 
@@ -276,21 +275,30 @@ def follow_accelerate_epochs() -> None:
     process, where the order comes from the sampler's generator). Written on the sampler, which
     the rebuilt loader shares, the epoch is what the seeds follow. Idempotent; `uninstall` puts
     Accelerate's own back."""
-    from accelerate import data_loader  # type: ignore[import-untyped]
+    for patch in _ACCELERATE_EPOCHS:
+        patches.apply(patch)
 
-    for cls in (data_loader.DataLoaderShard, data_loader.DataLoaderDispatcher):
-        original = cls.__dict__.get("set_epoch")
-        if original is None or ("set_epoch", cls) in _original:
-            continue
 
-        def set_epoch(self: Any, epoch: int, _original: Any = original) -> None:
-            _original(self, epoch)
-            sampler = sampler_of(getattr(self, "base_dataloader", self))
-            if sampler is not None and not callable(getattr(sampler, "set_epoch", None)):
-                sampler.epoch = epoch
+def _writing_the_epoch(original: Any) -> Any:
+    def set_epoch(self: Any, epoch: int) -> None:
+        original(self, epoch)
+        sampler = sampler_of(getattr(self, "base_dataloader", self))
+        if sampler is not None and not callable(getattr(sampler, "set_epoch", None)):
+            sampler.epoch = epoch
 
-        _original["set_epoch", cls] = original
-        cls.set_epoch = set_epoch
+    return set_epoch
+
+
+_ACCELERATE_EPOCHS = tuple(
+    patches.Patch(
+        f"accelerate.data_loader:{cls}.set_epoch",
+        why="Accelerate's prepared loader writes its epoch on a sampler that keeps none, so that "
+        "the seeds of a resumed epoch's rebuilt loader follow it",
+        by="slurmddp.integrations.accelerate.Preemptible",
+        make=_writing_the_epoch,
+    )
+    for cls in ("DataLoaderShard", "DataLoaderDispatcher")
+)
 
 
 def sampler_of(loader: DataLoader) -> Any:
@@ -556,21 +564,23 @@ def _key_number(key: Any) -> int:
 
 # -- what `install` changes in the training process ---------------------------------------------
 
-_original: dict[Any, Any] = {}
-
-
 def installed() -> bool:
     """Whether `install` has started exact data loading in this process."""
-    return "iter" in _original
+    return _ITER.target in patches.applied()
 
 
-def _index_sampler(self: DataLoader) -> Any:
-    inner = _original["index_sampler"].fget(self)
-    t = self.__dict__.get(_TRACK)
-    if (t is None or t.epoch < 0 or isinstance(self.dataset, IterableDataset) or not enabled()
-            or self.__dict__.get(_LEFT)):  # fmt: skip
-        return inner
-    return _Indices(inner, t)
+def _indexing(original: property) -> property:
+    """`original` (DataLoader's _index_sampler) skipping consumed batches and keying seeds."""
+
+    def _index_sampler(self: DataLoader) -> Any:
+        inner = original.fget(self)  # type: ignore[misc]
+        t = self.__dict__.get(_TRACK)
+        if (t is None or t.epoch < 0 or isinstance(self.dataset, IterableDataset)
+                or not enabled() or self.__dict__.get(_LEFT)):  # fmt: skip
+            return inner
+        return _Indices(inner, t)
+
+    return property(_index_sampler)
 
 
 def _iterating(original: Any) -> Any:
@@ -623,35 +633,16 @@ def install() -> None:
 
     Run by ``slurmddp.init()``, ``python -m slurmddp.run`` and the integrations' objects: before
     any DataLoader iterates, in a fresh run as in a resumed one (the seeds must match)."""
-    if installed():
-        return
-    _original["iter"] = DataLoader.__dict__["__iter__"]
-    _original["index_sampler"] = DataLoader.__dict__["_index_sampler"]
-    _original["next"] = _dataloader._BaseDataLoaderIter.__dict__["__next__"]
-    DataLoader.__iter__ = _iterating(_original["iter"])  # type: ignore[method-assign]
-    DataLoader._index_sampler = property(_index_sampler)  # type: ignore[assignment,method-assign]
-    _dataloader._BaseDataLoaderIter.__next__ = _noting_the_end(  # type: ignore[method-assign]
-        _original["next"])
-    _seed_stateful_workers()
+    for patch in (_ITER, _INDEX_SAMPLER, _NEXT, _STATEFUL_ITERATOR):
+        patches.apply(patch)
 
 
-def _seed_stateful_workers() -> None:
+def _seeding_stateful_workers(original: Any) -> Any:
     """torchdata's StatefulDataLoader keeps its own position and base seeds: its workers are only
     given the per-batch seeding (`_WorkerStart`, keyed) as its iterators start them, so that a
     resumed epoch's augmentation is the uninterrupted one's (torchdata restores the base seed,
     not what each worker drew since); persistent workers take their base seed once and are left
     as they are."""
-    import importlib.util
-
-    if importlib.util.find_spec("torchdata") is None:
-        return
-    try:
-        from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
-    except ImportError:
-        return
-    original = StatefulDataLoader.__dict__.get("_get_iterator")
-    if original is None:
-        return
 
     def _get_iterator(self: Any) -> Any:
         if not enabled() or self.__dict__.get(_LEFT) or isinstance(self.dataset, IterableDataset):
@@ -670,18 +661,40 @@ def _seed_stateful_workers() -> None:
             if resumed is not None:
                 torch.set_rng_state(resumed)
 
-    _original["_get_iterator", StatefulDataLoader] = original
-    StatefulDataLoader._get_iterator = _get_iterator
+    return _get_iterator
+
+
+_BY = "slurmddp.init(), python -m slurmddp.run, the integrations' objects"
+_ITER = patches.Patch(
+    "torch.utils.data.dataloader:DataLoader.__iter__",
+    why="each iterator's base seed from (loader seed, epoch, rank); its workers seeded per batch; "
+    "the loader's epoch and position counted on the loader",
+    by=_BY, make=_iterating,
+)
+_INDEX_SAMPLER = patches.Patch(
+    "torch.utils.data.dataloader:DataLoader._index_sampler",
+    why="a resumed epoch skips its consumed batches unfetched, and hands each batch's keys to "
+    "its worker's seeding",
+    by=_BY, make=_indexing,
+)
+_NEXT = patches.Patch(
+    "torch.utils.data.dataloader:_BaseDataLoaderIter.__next__",
+    why="notes that an epoch ran out, so the next iterator starts the next epoch",
+    by=_BY, make=_noting_the_end,
+)
+_STATEFUL_ITERATOR = patches.Patch(
+    "torchdata.stateful_dataloader:StatefulDataLoader._get_iterator",
+    why="torchdata's StatefulDataLoader keeps its own protocol; only its workers are seeded per "
+    "batch, so a resumed epoch's augmentation is the uninterrupted one's",
+    by=_BY, make=_seeding_stateful_workers,
+)
 
 
 def uninstall() -> None:
-    """Put torch (and Accelerate) back as they were, and forget every loader's slot."""
-    if installed():
-        DataLoader.__iter__ = _original.pop("iter")  # type: ignore[method-assign]
-        DataLoader._index_sampler = _original.pop("index_sampler")  # type: ignore[method-assign]
-        _dataloader._BaseDataLoaderIter.__next__ = _original.pop("next")  # type: ignore[method-assign]
-    for key in [k for k in _original if isinstance(k, tuple)]:
-        setattr(key[1], key[0], _original.pop(key))
+    """Put torch (and torchdata and Accelerate) back as they were, and forget every loader's
+    slot."""
+    for patch in (_ITER, _INDEX_SAMPLER, _NEXT, _STATEFUL_ITERATOR, *_ACCELERATE_EPOCHS):
+        patches.remove(patch)
     _slots.clear()
     _expected.clear()
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from slurmddp import dist, protocol
+from slurmddp import dist, errors, protocol
 from slurmddp.errors import CheckpointError
 
 
@@ -97,16 +97,11 @@ def capture(
     return state
 
 
-_noted = False
-
-
 def _note_data_once(loader: Any) -> None:
     """One line, at the first capture, for what will not resume exactly: a DataLoader iterated
     but not given, or one whose resume cannot be bitwise (`loader.inexact`)."""
-    global _noted
-    if _noted or dist.rank() != 0:
+    if dist.rank() != 0 or not errors.first_time("train_state.data"):
         return
-    _noted = True
     from slurmddp.training import loader as loading
 
     if loader is None:

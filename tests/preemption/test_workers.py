@@ -61,8 +61,8 @@ def test_dataloader_workers_outlive_slurms_signals_until_the_rank_stops(tmp_path
 def test_without_the_shield_a_spawned_worker_dies_of_slurms_term(tmp_path):
     # The same job with the DataLoader shield taken away fails: the test above can fail.
     script = tmp_path / "train.py"
-    script.write_text("import multiprocessing.process as p, slurmddp.preemption.workers as w\n"
-                      "p.BaseProcess.start = w._original_start\n"
+    script.write_text("import slurmddp.patches as p, slurmddp.preemption.workers as w\n"
+                      "p.remove(w.WORKER_START)\n"
                       + textwrap.dedent(DATALOADER))  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "slurmddp.run", str(script), "spawn"],
                        env=launcher_free_env(), capture_output=True, text=True,
