@@ -55,7 +55,7 @@ def test_the_rendered_script_gets_every_name_through_its_context():
         return value.replace("SLURMDDP_", "SDDPTEST_") if isinstance(value, str) else value
 
     for name, spec in CASES.items():
-        ctx = context(spec)
+        ctx = context(spec).variables()
         ctx["p"] = {k: renamed(v) for k, v in protocol.template_names().items()}
         ctx["state_files"] = tuple((renamed(n), f) for n, f in protocol.STATE_FILES)
         ctx["protocol_env"] = tuple((renamed(n), v) for n, v in ctx["protocol_env"])
@@ -96,5 +96,5 @@ def test_the_modules_share_the_protocols_values():
 def test_the_supervisor_is_the_module_the_template_runs():
     assert Path(PACKAGE.parent, *protocol.SUPERVISOR_MODULE.split("."), "__main__.py").is_file()
     assert Path(PACKAGE.parent, *protocol.DECISION_MODULE.split(".")).with_suffix(".py").is_file()
-    script = templating.render(DEFAULT_TEMPLATE, **context(CASES["srun_cpu"]))
+    script = templating.render(DEFAULT_TEMPLATE, **context(CASES["srun_cpu"]).variables())
     assert f"-m {protocol.SUPERVISOR_MODULE} " in script

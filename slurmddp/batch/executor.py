@@ -45,7 +45,6 @@ from slurmddp.errors import JobFailedError
 from slurmddp.files import make_dirs
 
 CALLS = "calls"  # <folder>/calls/<id>/: a submission's call directory
-_FIRST_POLL_S, _MAX_POLL_S = 0.5, 10.0  # a job's state is asked ever less often, down to this
 
 
 class RemoteTraceback(Exception):
@@ -155,11 +154,8 @@ class Executor:
         return build_spec(target, output_dir=str(self.folder), **values)
 
     def _send(self, spec: JobSpec, home: Path | None) -> jobs.JobRecord:
-        handle = submission.submit(spec, local=self.local, signal_after=self.signal_after,
-                                   template=self.template, code_from=home)  # fmt: skip
-        record = jobs.find(str(handle.job_id))
-        assert record is not None  # submission.submit has just remembered it
-        return record
+        return submission.submit(spec, local=self.local, signal_after=self.signal_after,
+                                 template=self.template, code_from=home)  # fmt: skip
 
 
 def _same(value: Any) -> Any:
@@ -221,7 +217,7 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> str:
         """Wait until the job has ended; its final state. Raises TimeoutError after `timeout` s."""
-        return _wait(lambda: self.state, timeout, self.job_id)
+        return jobs.wait_until_final(lambda: self.state, timeout, self.job_id)
 
     def outcomes(self) -> dict[int, call.Outcome]:
         """How each rank's call ended in the job's last run, by rank (those that said)."""
@@ -330,7 +326,9 @@ class JobArray(Sequence[Job]):
 
     def wait(self, timeout: float | None = None) -> str:
         """Wait until every task has ended; their states counted."""
-        return _wait(lambda: self.state, timeout, "the array") if self._tasks else ""
+        if not self._tasks:
+            return ""
+        return jobs.wait_until_final(lambda: self.state, timeout, "the array")
 
     def results(self, timeout: float | None = None) -> list[Any]:
         """Each task's rank 0 value, in order (raises for the first task that failed)."""
@@ -351,11 +349,11 @@ def submit(
     signal_after: Sequence[float] = ...,
     template: Path | None = ...,
     code_from: Path | None = ...,
-) -> Any: ...
+) -> jobs.JobRecord: ...
 @overload
 def submit(target: Callable[..., Any], *args: Any, **options: Any) -> Job: ...
 def submit(target: Any, *args: Any, **options: Any) -> Any:
-    """Submit a job: a `JobSpec` (`slurmddp.batch.submission.submit`: its submitit handle), or a
+    """Submit a job: a `JobSpec` (`slurmddp.batch.submission.submit`: its `JobRecord`), or a
     function run on every rank, ``target(*args)``, with `Executor`'s options (its `Job`)."""
     if isinstance(target, JobSpec):
         return submission.submit(target, *args, **options)
@@ -413,19 +411,6 @@ def _job_name(fn: Callable[..., Any]) -> str:
 
 def _array_arg(n: int, parallelism: int | None) -> tuple[str, ...]:
     return (f"--array=0-{n - 1}" + (f"%{parallelism}" if parallelism else ""),)
-
-
-def _wait(state_of: Callable[[], str], timeout: float | None, what: str) -> str:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = _FIRST_POLL_S
-    while True:
-        state = state_of()
-        if jobs.is_final(state):
-            return state
-        if deadline is not None and time.monotonic() + pause > deadline:
-            raise TimeoutError(f"{what} has not ended after {timeout} s: it is {state}")
-        time.sleep(pause)
-        pause = min(pause * 1.5, _MAX_POLL_S)
 
 
 def _loaded(outcome: call.Outcome) -> object:

@@ -42,7 +42,8 @@ MPIRUN_LOG_PATTERN = LAUNCHERS["mpirun"].log_pattern  # every rank's lines, tagg
 
 @dataclasses.dataclass(frozen=True)
 class JobRecord:
-    """What the registry keeps of one submitted job."""
+    """One submitted job, as the registry keeps it, and its handle: `state`, `done`, `wait`,
+    `cancel`, `log` (what `slurmddp.submit` of a `JobSpec` returns)."""
 
     job_id: str
     folder: str
@@ -59,6 +60,23 @@ class JobRecord:
     def log(self, rank: int | str = 0) -> Path:
         """Rank `rank`'s output (a placeholder such as "<rank>" shows the pattern)."""
         return Path(self.log_pattern.format(folder=self.folder, job_id=self.job_id, rank=rank))
+
+    @property
+    def state(self) -> str:
+        """Slurm's state of the job now (RUNNING, COMPLETED...; an array's as counts)."""
+        return states([self])[self.job_id]
+
+    def done(self) -> bool:
+        """Whether the job has ended for good (a requeued one has not)."""
+        return is_final(self.state)
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Wait until the job has ended; its final state. Raises TimeoutError after `timeout` s."""
+        return wait_until_final(lambda: self.state, timeout, f"job {self.job_id}")
+
+    def cancel(self) -> None:
+        """Cancel the job (`cancel`)."""
+        cancel([self])
 
 
 def registry_path(environ: Mapping[str, str] = os.environ) -> Path:
@@ -188,6 +206,25 @@ def is_final(state: str) -> bool:
     if _COUNTED.match(state):
         return all(part.split()[0] in FINAL_STATES for part in state.split(", "))
     return state in FINAL_STATES
+
+
+# A job's state is asked ever less often, down to this (one sacct a call).
+_FIRST_POLL_S, _MAX_POLL_S = 0.5, 10.0
+
+
+def wait_until_final(state_of: Callable[[], str], timeout: float | None, what: str) -> str:
+    """Poll `state_of` until `is_final`, backing off; the final state. TimeoutError after
+    `timeout` seconds, naming `what`."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _FIRST_POLL_S
+    while True:
+        state = state_of()
+        if is_final(state):
+            return state
+        if deadline is not None and time.monotonic() + pause > deadline:
+            raise TimeoutError(f"{what} has not ended after {timeout} s: it is {state}")
+        time.sleep(pause)
+        pause = min(pause * 1.5, _MAX_POLL_S)
 
 
 # A row of what Slurm said: (job field, its own job id, state). The job field is "1234" for a

@@ -92,6 +92,9 @@ class JobSpec:
     `snapshot_max_mib` and `snapshot_max_files`; `code_dir` is set once it is taken (or previewed):
     the snapshot's copy of the directory the code came from, and `target` then names the script's
     copy in the snapshot (`slurmddp.batch.snapshot`). None: the files as they are at each run.
+
+    A JobSpec is valid by construction (`validate` runs as it is made, ``dataclasses.replace``
+    too): what holds one never checks it again.
     """
 
     target: tuple[str, ...]
@@ -138,6 +141,9 @@ class JobSpec:
     gpu_vendor: str = DEFAULTS["gpu_vendor"]
     workdir: str | None = None  # the submit directory (bound into a container)
     host_python: str = dataclasses.field(default_factory=lambda: sys.executable)
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @property
     def nodes(self) -> str:
@@ -538,7 +544,7 @@ def build_spec(
                 "signal_lead", "hang_timeout", "preflight", "snapshot", "snapshot_max_mib",
                 "snapshot_max_files", "rdzv_backend", "rdzv_endpoint",
                 "spare_nodes", "container_runtime", "gpu_vendor")  # fmt: skip
-    spec = JobSpec(
+    return JobSpec(
         target=target,
         job_name=_default_job_name(target) if v["job_name"] is None else v["job_name"],
         nodes_min=nodes_min,
@@ -563,8 +569,6 @@ def build_spec(
         rdzv_port=rdzv_port,
         **{name: v[name] for name in as_given},
     )
-    validate(spec)
-    return spec
 
 
 def _image(value: object, cwd: str | None) -> str | None:

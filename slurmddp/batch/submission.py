@@ -1,10 +1,10 @@
 """Submitting a `JobSpec`, with submitit as the job engine.
 
-On Slurm, submitit's SlurmExecutor submits our rendered batch script (not its own) and returns a
-submitit job handle whose folder, log paths, state and cancel are submitit's. With ``--local``,
-submitit's LocalExecutor runs the same rendered batch script on this machine, with local
-stand-ins of srun and scontrol (`slurmddp.batch.emulation`). Either way the job lands in the
-registry.
+On Slurm, submitit's SlurmExecutor submits our rendered batch script (not its own). With
+``--local``, submitit's LocalExecutor runs the same rendered batch script on this machine, with
+local stand-ins of srun and scontrol (`slurmddp.batch.emulation`). Either way the job lands in
+the registry, and its record (`slurmddp.batch.jobs.JobRecord`: state, logs, wait, cancel) is
+what `submit` returns: submitit's handle stays inside.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from slurmddp.batch import emulation, jobs, snapshot
 from slurmddp.batch.jobspec import JobSpec, SpecError
-from slurmddp.batch.sbatch import context, render_for
+from slurmddp.batch.sbatch import Context, context, render_for
 from slurmddp.errors import SubmissionError, UserError
 from slurmddp.files import make_dirs
-from slurmddp.supervisor.launchers import launcher
 
 # submitit's private API, used on purpose: submitit submits only pickled functions through its
 # own batch script (`submit`, or a `CommandFunction` run by its Python wrapper, buffered), and has
@@ -55,16 +54,16 @@ class _TemplateExecutor(submitit.SlurmExecutor):
 
 
 def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] = (),
-           template: Path | None = None, code_from: Path | None = None):
-    """Submit `spec` and return its submitit job handle (a SlurmJob, or a LocalJob when local).
+           template: Path | None = None, code_from: Path | None = None) -> jobs.JobRecord:
+    """Submit `spec`; the job's record, as the registry keeps it (its state, logs, wait and
+    cancel: `slurmddp.batch.jobs.JobRecord`).
 
     `template`: the user's batch script template, else the shipped one (a local job runs it
-    too). `signal_after` (local only): seconds into each run to send the stop signal to the batch
-    script, one per run.
-    The handle gives state, paths and cancel; it has no result: the job is a program, not a
-    pickled function. With `spec.snapshot` (and no `code_dir` yet) the job runs a snapshot of
-    its code taken here, first (`slurmddp.batch.snapshot`): of `code_from` when given (the
-    directory a function's job imports it from), else of the target's.
+    too), rendered once, here. `signal_after` (local only): seconds into each run to send the
+    stop signal to the batch script, one per run. With `spec.snapshot` (and no `code_dir` yet)
+    the job runs a snapshot of its code taken here, first (`slurmddp.batch.snapshot`): of
+    `code_from` when given (the directory a function's job imports it from), else of the
+    target's.
     """
     if local and (problem := emulation.local_problem(spec)) is not None:
         raise SpecError(f"--local: {problem}")  # before anything is made
@@ -74,8 +73,10 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
         if spec.snapshot and spec.code_dir is None:
             taken = snapshot.take(spec, code_from=code_from)
             spec = taken.spec
-        job = (_submit_local(spec, signal_after, template) if local
-               else _submit_slurm(spec, template))  # fmt: skip
+        ctx = context(spec)
+        script = render_for(ctx, template)
+        job_id = (_submit_local(ctx, script, signal_after) if local
+                  else _submit_slurm(spec, script))  # fmt: skip
     except (SubmissionError, UserError):
         if taken is not None:  # nothing half-done: no snapshot of a job that does not exist
             taken.discard()
@@ -83,19 +84,18 @@ def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] 
             with contextlib.suppress(OSError):  # not empty: something else wrote there
                 path.rmdir()
         raise
-    jobs.remember(
-        jobs.JobRecord(
-            job_id=str(job.job_id),
-            folder=str(Path(spec.output_dir).resolve()),
-            name=spec.job_name,
-            engine="local" if local else "slurm",
-            tasks=spec.nodes_max * spec.ntasks_per_node,
-            submitted=time.time(),
-            log_pattern=launcher(spec.launcher).log_pattern,  # --local's too: the same script
-            array="" if local else jobs.array_indices(spec.sbatch_args),
-        )
+    record = jobs.JobRecord(
+        job_id=job_id,
+        folder=str(Path(spec.output_dir).resolve()),
+        name=spec.job_name,
+        engine="local" if local else "slurm",
+        tasks=spec.nodes_max * spec.ntasks_per_node,
+        submitted=time.time(),
+        log_pattern=ctx.launcher_type.log_pattern,  # --local's too: the same script
+        array="" if local else jobs.array_indices(spec.sbatch_args),
     )
-    return job
+    jobs.remember(record)
+    return record
 
 
 def _make_output_dir(folder: Path) -> list[Path]:
@@ -114,17 +114,18 @@ def _make_output_dir(folder: Path) -> list[Path]:
     return created
 
 
-def _submit_slurm(spec: JobSpec, template: Path | None):
+def _submit_slurm(spec: JobSpec, script: str) -> str:
+    """sbatch the batch script; the job's id."""
     if shutil.which("sbatch") is None:
         raise SubmissionError("sbatch not found: submit from a Slurm login node, or use --local")
-    executor = _TemplateExecutor(spec, render_for(spec, template))
+    executor = _TemplateExecutor(spec, script)
     folder = Path(spec.output_dir)
     before = set(folder.glob(".submission_file_*"))
     try:
         # submitit prints sbatch's stderr itself on failure; our one-line error says it instead.
         with contextlib.redirect_stderr(io.StringIO()):
             # The command argument is unused: the template holds the launch line.
-            return executor._submit_command("")
+            return str(executor._submit_command("").job_id)
     except (FailedJobError, FailedSubmissionError) as e:
         for leftover in set(folder.glob(".submission_file_*")) - before:
             leftover.unlink()  # nothing half-done: no script of a job that does not exist
@@ -138,12 +139,11 @@ def _submit_slurm(spec: JobSpec, template: Path | None):
         raise SubmissionError(f"sbatch refused the job: {verdict}") from None
 
 
-def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path | None):
+def _submit_local(ctx: Context, text: str, signal_after: Sequence[float]) -> str:
     """Run the job's batch script on this machine (`slurmddp.batch.emulation`), as one task of
     submitit's LocalExecutor, whose controller warns it before the time limit and starts it again
-    when it was requeued."""
-    ctx = context(spec)
-    text = render_for(spec, template)
+    when it was requeued; the job's id (the controller's pid)."""
+    spec = ctx.spec
     folder = Path(spec.output_dir).resolve()
     script = folder / f".local_script_{secrets.token_hex(6)}.sh"
     script.write_text(text)
@@ -155,11 +155,11 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path |
     command = [
         spec.python, "-u", "-m", "slurmddp.emulation", "batch",
         "--script", str(script),
-        "--batch-log", str(ctx["batch_log"]),
+        "--batch-log", ctx.batch_log,
         "--folder", str(folder),
         "--nodes", str(spec.nodes_max + spec.spare_nodes),
-        "--ntasks-per-node", str(ctx["tasks_per_node"]),
-        *([f"--cpus-per-task={ctx['cpus_per_task']}"] if ctx["cpus_per_task"] else []),
+        "--ntasks-per-node", str(ctx.tasks_per_node),
+        *([f"--cpus-per-task={ctx.cpus_per_task}"] if ctx.cpus_per_task else []),
         "--gpus-per-node", str(spec.gpus_per_node),
         "--job-name", spec.job_name,
         "--submit-dir", os.getcwd(),
@@ -175,10 +175,10 @@ def _submit_local(spec: JobSpec, signal_after: Sequence[float], template: Path |
     try:
         with _controller_signal(spec.signal):
             if threading.current_thread() is not threading.main_thread():  # the main's signals
-                return executor._submit_command(shlex.join(command))
+                return str(executor._submit_command(shlex.join(command)).job_id)
             previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
-                return executor._submit_command(shlex.join(command))
+                return str(executor._submit_command(shlex.join(command)).job_id)
             finally:
                 signal.signal(signal.SIGINT, previous)
     except BaseException:

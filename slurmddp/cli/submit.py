@@ -150,18 +150,18 @@ def _near(name: str, names: set[str]) -> str:
 
 def build(
     opts: argparse.Namespace, rest: list[str], *, preview: bool = False
-) -> tuple[JobSpec, str, Path | None]:
-    """(spec, script text, the user's template or None) from parsed options and the script's
-    arguments.
+) -> tuple[JobSpec, Path | None]:
+    """(spec, the user's template or None) from parsed options and the script's arguments.
 
-    The script runs the code as it is at each run: `slurmddp template` takes no snapshot, and
-    ``submit`` takes it as it submits. `preview` (``submit --dry-run``): the script runs the
-    snapshot that submit would take, named and bounded as it would be, but nothing is written.
+    The spec runs the code as it is at each run: `slurmddp template` takes no snapshot, and
+    ``submit`` takes it as it submits (and renders the script then, once). `preview` (``submit
+    --dry-run``): the spec runs the snapshot that submit would take, named and bounded as it
+    would be, but nothing is written.
 
     Bad input raises a `slurmddp.errors.UserError` (SpecError, ConfigError, TemplateError); the
     command's caller reports it.
     """
-    from slurmddp.batch import config, jobspec, sbatch
+    from slurmddp.batch import config, jobspec
 
     target = ["-m", opts.module, *rest] if opts.module else rest
     if not target:
@@ -180,7 +180,7 @@ def build(
         spec = snapshot.preview(spec)
     template = settings.get("template")
     user_template = None if template is None else Path(str(template))
-    return spec, sbatch.render_for(spec, user_template), user_template
+    return spec, user_template
 
 
 def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
@@ -188,20 +188,20 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     own, rest = split_target(argv, command="submit")
     check_names(own, parser, command="submit")
     opts = parser.parse_args(own)
-    spec, script, template = build(opts, rest, preview=opts.dry_run)
+    spec, template = build(opts, rest, preview=opts.dry_run)
     if opts.dry_run:
-        sys.stdout.write(script)
+        from slurmddp.batch import sbatch
+
+        sys.stdout.write(sbatch.render_for(spec, template))
         return 0
 
     from slurmddp.batch import jobs, submission
 
     try:
-        job = submission.submit(spec, local=opts.local, template=template,
-                                signal_after=opts.local_signal_after or ())
+        record = submission.submit(spec, local=opts.local, template=template,
+                                   signal_after=opts.local_signal_after or ())
     except submission.SubmissionError as e:
         fail(str(e), prog=prog, status=1)
-    record = jobs.find(str(job.job_id))
-    assert record is not None
     summary = {
         "job_id": record.job_id,
         "name": record.name,
@@ -225,7 +225,9 @@ def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     own, rest = split_target(argv, command="template")
     check_names(own, parser, command="template")
     opts = parser.parse_args(own)
-    _, script, _ = build(opts, rest)
+    from slurmddp.batch import sbatch
+
+    script = sbatch.render_for(*build(opts, rest))
     if opts.output_file:
         try:
             Path(opts.output_file).write_text(script, encoding="utf-8")

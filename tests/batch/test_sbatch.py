@@ -8,6 +8,7 @@ Regenerate the golden files after an intended change with
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -195,7 +196,7 @@ def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
     # A job of ntasks_per_node tasks would make `srun --ntasks-per-node=1` start that many
     # torchruns per node: srun inherits SLURM_NTASKS and ignores the per-node count.
     spec = dataclasses.replace(CASES["torchrun_nodes_1-4"], cpus_per_task=6)
-    ctx = context(spec)
+    ctx = context(spec).variables()
     assert (ctx["tasks_per_node"], ctx["cpus_per_task"], ctx["nproc_per_node"]) == (1, 24, 4)
     assert ctx["rank_log"] == "/scratch/runs/%j/node-%n.log"
     assert "#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n#SBATCH --cpus-per-task=24" in (
@@ -208,8 +209,31 @@ def test_torchrun_asks_for_one_task_per_node_with_all_its_cpus():
     assert (plan(spare).nodes_min, plan(spare).spare_nodes, plan(spare).elastic) == (2, 1, True)
 
 
+def test_the_context_is_a_typed_value_and_every_variable_the_template_reads_is_documented():
+    import ast
+    import inspect
+
+    from jinja2 import meta
+
+    from slurmddp.batch import sbatch, templating
+
+    tree = ast.parse(inspect.getsource(sbatch.Context))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    documented = {a.target.id for a, b in itertools.pairwise(body)
+                  if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
+                  and isinstance(b.value, ast.Constant)}  # fmt: skip
+    own = {f.name for f in dataclasses.fields(sbatch.Context)} - {"spec"}
+    assert own == documented, "a field of Context without its docstring"
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    shipped = (Path(__file__).resolve().parents[2] / "templates" / sbatch.DEFAULT_TEMPLATE)
+    read = meta.find_undeclared_variables(templating.environment().parse(shipped.read_text()))
+    assert read <= own | fields and {"plan", "directives", "p"} <= read
+    variables = context(CASES["srun_cpu"]).variables()
+    assert set(variables) == own | fields and variables["nodes"] == "2"  # Context's win
+
+
 def test_log_paths_escape_percent_for_slurm_but_not_for_mkdir():
-    ctx = context(CASES["setup_env_args"])
+    ctx = context(CASES["setup_env_args"]).variables()
     assert ctx["batch_log"] == "/scratch/my runs/100%%/%j.batch.log"
     assert ctx["rank_log"] == "/scratch/my runs/100%%/%j/rank-%t.log"
     assert "job_dir='/scratch/my runs/100%'/\"$SLURM_JOB_ID\"" in render_script(
@@ -283,7 +307,8 @@ def one_line(extra: str = "") -> st.SearchStrategy[str]:
 
 
 @st.composite
-def hostile_specs(draw) -> JobSpec:
+def hostile_specs(draw) -> dict:
+    """A JobSpec's values; output_dir and code_dir relative, made absolute per example."""
     script = draw(text(newlines=True).filter(lambda s: s and not s.startswith("-")))
     args = draw(st.lists(text(newlines=True), max_size=5))
     module = draw(st.booleans())
@@ -291,16 +316,14 @@ def hostile_specs(draw) -> JobSpec:
     env = draw(st.lists(st.tuples(st.sampled_from(["SDDP_A", "SDDP_B", "SDDP_C"]),
                                   text(newlines=True)), max_size=4))  # fmt: skip
     srun_args = draw(st.lists(text(newlines=True).map(lambda v: "--comment=" + v), max_size=2))
-    return JobSpec(
+    return dict(
         target=target,
         job_name=draw(one_line()),
-        output_dir="OUT/" + draw(one_line(extra="\\/")),  # made absolute per example
+        output_dir="OUT/" + draw(one_line(extra="\\/")),
         launcher=draw(st.sampled_from(["srun", "torchrun"])),
         env=tuple(env),
         srun_args=tuple(srun_args),
         setup=("export FROM_SETUP=ran",),
-        python="PY",
-        # made absolute per example, as output_dir
         code_dir=draw(st.none() | one_line(extra="\\/").map(lambda v: "CODE/" + v)),
     )
 
@@ -326,11 +349,11 @@ def fakes(tmp_path_factory) -> Path:
 def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
     with tempfile.TemporaryDirectory(dir=fakes) as work_dir:
         work = Path(work_dir)
-        out = str(work / spec.output_dir)
-        spec = dataclasses.replace(
-            spec, output_dir=out, python=str(fakes / "py $(touch pwned) 'q' `id`" / "python"),
-            code_dir=None if spec.code_dir is None else str(work / spec.code_dir),
-        )  # fmt: skip
+        code_dir = spec["code_dir"]
+        spec = JobSpec(**{
+            **spec, "output_dir": str(work / spec["output_dir"]),
+            "python": str(fakes / "py $(touch pwned) 'q' `id`" / "python"),
+            "code_dir": None if code_dir is None else str(work / code_dir)})  # fmt: skip
         script = work / "job.sh"
         script.write_text(render_script(spec), encoding="utf-8")
         env = {
@@ -363,7 +386,7 @@ def test_hostile_values_reach_the_program_verbatim_and_run_nothing(fakes, spec):
         assert srun_argv[-len(argv) - 1 :] == [spec.python, *argv]
         for arg in spec.srun_args:
             assert arg in srun_argv
-        assert Path(out, "4242").is_dir()
+        assert Path(spec.output_dir, "4242").is_dir()
         assert not list(fakes.rglob("pwned")), "an injected command ran"
 
 

@@ -279,8 +279,8 @@ def test_a_failed_submission_takes_its_snapshot_away(tmp_path, monkeypatch):
     write(tmp_path / "train.py")
     monkeypatch.chdir(tmp_path)  # the Python API finds the script as the job will: from here
 
-    def refused(spec, signal_after, template):
-        assert Path(spec.code_dir).is_dir()  # taken before the job is submitted
+    def refused(ctx, script, signal_after):
+        assert Path(ctx.spec.code_dir).is_dir()  # taken before the job is submitted
         raise SubmissionError("sbatch refused the job: no")
 
     monkeypatch.setattr(submission, "_submit_local", refused)

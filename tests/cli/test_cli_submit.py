@@ -112,8 +112,9 @@ def test_local_runs_the_training_and_status_reports_it(tmp_path):
     assert '"rank": 1' in logs.stdout
 
 
-def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
+def test_python_api_returns_the_jobs_record_as_its_handle(tmp_path, monkeypatch):
     import slurmddp
+    from slurmddp.batch import jobs
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     script = tmp_path / "hello.py"
@@ -121,11 +122,10 @@ def test_python_api_returns_a_submitit_job(tmp_path, monkeypatch):
     spec = slurmddp.build_spec([str(script)], nodes=1, ntasks_per_node=2,
                                output_dir=str(tmp_path / "jobs"))  # fmt: skip
     job = slurmddp.submit(spec, local=True)
-    job._process.wait(timeout=60)
-    assert job.state == "FINISHED"  # submitit's own state of a local job
+    assert job == jobs.find(job.job_id)  # what the registry keeps, not a handle of submitit's
+    assert job.wait(timeout=60) == "COMPLETED" and job.done() and job.state == "COMPLETED"
     # Where a Slurm job's ranks log: a local job runs the same batch script.
-    logs = sorted((tmp_path / "jobs" / str(job.job_id)).glob("rank-*.log"))
-    assert [p.read_text() for p in logs] == ["hello from 0\n", "hello from 1\n"]
+    assert [job.log(rank).read_text() for rank in (0, 1)] == ["hello from 0\n", "hello from 1\n"]
 
 
 @pytest.mark.parametrize("sig", ["USR2", "USR1"])
