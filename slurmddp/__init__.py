@@ -23,10 +23,10 @@ _LAZY = {
     "bootstrap": "slurmddp.rank.bootstrap",
     "run_id": "slurmddp.rank.identity",
     "init": "slurmddp.launch.process_group",
-    "JobSpec": "slurmddp.batch.jobspec",
-    "build_spec": "slurmddp.batch.jobspec",
-    "submit": "slurmddp.batch.executor",
-    "Executor": "slurmddp.batch.executor",
+    "JobSpec": "slurmddp.batch.spec.jobspec",
+    "build_spec": "slurmddp.batch.spec.jobspec",
+    "submit": "slurmddp.batch.functions.executor",
+    "Executor": "slurmddp.batch.functions.executor",
     "JobFailedError": "slurmddp.errors",
     "should_stop": "slurmddp.preemption.api",
     "requeue": "slurmddp.preemption.api",
@@ -44,8 +44,8 @@ __all__ = [
 ]  # fmt: skip
 
 if TYPE_CHECKING:
-    from slurmddp.batch.executor import Executor, submit
-    from slurmddp.batch.jobspec import JobSpec, build_spec
+    from slurmddp.batch.functions.executor import Executor, submit
+    from slurmddp.batch.spec.jobspec import JobSpec, build_spec
     from slurmddp.checkpoint import Checkpointer
     from slurmddp.errors import JobFailedError
     from slurmddp.launch.process_group import init

@@ -50,7 +50,8 @@ MAX_REQUEUES_VAR: Final = "SLURMDDP_MAX_REQUEUES"  # requeues the stop protocol 
 # (0: no watchdog), and the directory of its files (set: the watchdog runs).
 HANG_TIMEOUT_VAR: Final = "SLURMDDP_HANG_TIMEOUT"
 HANG_DIR_VAR: Final = "SLURMDDP_HANG_DIR"
-# The job's code snapshot (slurmddp.batch.snapshot): the runner imports `-m` targets from it first.
+# The job's code snapshot (slurmddp.batch.transport.snapshot): the runner imports `-m` targets from
+# it first.
 CODE_DIR_VAR: Final = "SLURMDDP_CODE_DIR"
 
 # -- a checkpoint directory's names (slurmddp.checkpoint.layout), which code snapshots leave out --
@@ -69,7 +70,7 @@ FAILURE_FILE_VAR: Final = "SLURMDDP_FAILURE_FILE"  # every rank that fails: one 
 NODES_LOST_FILE_VAR: Final = "SLURMDDP_NODES_LOST_FILE"
 # The shell: each node left behind when the job was requeued, and why (`slurmddp status`).
 EXCLUDED_FILE_VAR: Final = "SLURMDDP_EXCLUDED_FILE"
-# The local emulation's state directory (slurmddp.batch.emulation): its stand-ins of srun and
+# The local emulation's state directory (slurmddp.batch.local.emulation): its stand-ins of srun and
 # scontrol find the job there.
 LOCAL_STATE_VAR: Final = "SLURMDDP_LOCAL_STATE"
 

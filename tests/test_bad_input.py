@@ -546,7 +546,7 @@ def test_the_debug_variable_shows_the_traceback(world):
 @pytest.mark.parametrize("debug", [False, True])
 def test_an_unexpected_error_is_one_line_naming_its_type(monkeypatch, capsys, tmp_path, debug):
     from slurmddp import cli
-    from slurmddp.batch import config
+    from slurmddp.batch.spec import config
 
     def broken(*args, **kwargs):
         raise OSError("disk on fire\nsecond line")

@@ -2,7 +2,8 @@
 fails here, saying which, before a job does.
 
 - submitit: ``_submit_command`` and ``_make_submission_file_text`` submit our own batch script
-  (slurmddp.batch.submission; submitit has no public way to). pyproject.toml bounds submitit.
+  (slurmddp.batch.transport.submission; submitit has no public way to). pyproject.toml bounds
+  submitit.
 - torch: ``torch.distributed.rendezvous._rendezvous_handlers`` lets the runner bound a script's
   own ``init_process_group()`` (slurmddp.launch.startup.patch); ``slurmddp.init`` takes the public
   route, a ``slurmddp://`` scheme registered with ``register_rendezvous_handler``.
@@ -32,8 +33,10 @@ import pytest
 import submitit
 
 from slurmddp import patches
-from slurmddp.batch import jobs, submission
-from slurmddp.batch.jobspec import build_spec
+from slurmddp.batch import jobs
+from slurmddp.batch.jobs import status
+from slurmddp.batch.spec.jobspec import build_spec
+from slurmddp.batch.transport import submission
 from slurmddp.launch import startup
 from tests.conftest import launcher_free_env
 
@@ -55,7 +58,8 @@ def test_submitits_private_methods_take_what_we_pass(owner, name, expected):
     assert method is not None, f"submitit {submitit.__version__}: {owner.__name__}.{name} is gone"
     assert parameters(method) == expected, (
         f"submitit {submitit.__version__}: {owner.__name__}.{name}{inspect.signature(method)} "
-        f"changed; slurmddp.batch.submission calls it as {name}({', '.join(expected[1:])})"
+        f"changed; slurmddp.batch.transport.submission calls it as "
+        f"{name}({', '.join(expected[1:])})"
     )
 
 
@@ -86,7 +90,7 @@ def test_submitits_local_controller_runs_our_command(tmp_path):
     job = executor._submit_command(f"{sys.executable} -c \"print('ran')\"")
     assert isinstance(job, submitit.LocalJob) and job.num_tasks == 2
     deadline = time.monotonic() + 60
-    while jobs._alive(int(job.job_id)) and time.monotonic() < deadline:
+    while status._alive(int(job.job_id)) and time.monotonic() < deadline:
         time.sleep(0.2)
     for rank in range(2):  # the layout jobs.LOCAL_LOG_PATTERN names
         log = Path(jobs.LOCAL_LOG_PATTERN.format(folder=tmp_path, job_id=job.job_id, rank=rank))

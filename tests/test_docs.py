@@ -92,7 +92,7 @@ def test_every_option_of_every_command_has_its_row_in_the_cli_reference(site):
 
 
 def test_every_job_option_has_its_default_key_and_check_in_its_row(site):
-    from slurmddp.batch import options
+    from slurmddp.batch.spec import options
 
     rows = _rows(_section(site, "slurmddp-submit"))
     for opt in options.OPTIONS:

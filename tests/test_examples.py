@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmddp.batch.emulation import step_environment
+from slurmddp.batch.local.emulation import step_environment
 from tests.cli.test_cli_submit import slurmddp
 from tests.conftest import ROOT, free_port, launcher_free_env, tagged_json
 
@@ -284,8 +284,8 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     # its end, and the resumed run starts mid-epoch; the second, 4 s into the resumed run, comes
     # before its last step (80 or more are left, 8 s). (With 20 steps an epoch, a stop once fell
     # on the epoch's last step.) Preempted twice, this is also the local emulation's proof of
-    # tests/batch/test_emulation.py's former preempted-twice test: only a second stop shows the
-    # emulation's restart counter past 1 (requeued 2 of 3) and its signal of each run.
+    # tests/batch/local/test_emulation.py's former preempted-twice test: only a second stop shows
+    # the emulation's restart counter past 1 (requeued 2 of 3) and its signal of each run.
     args = ["--epochs", "3", "--samples", "1280", "--batch-size", "16"]
     ref = launch(tmp_path, "ddp_sampler_eval.py", *args,
                  "--checkpoint-dir", str(tmp_path / "ref-ckpt"),

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.rank import hostlist
-from tests.batch.test_submit_cluster import slurmddp, submitted
+from tests.batch.transport.test_submit_cluster import slurmddp, submitted
 from tests.conftest import (
     CLUSTER_SCRIPT,
     ELSEWHERE_SLURM,

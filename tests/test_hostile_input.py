@@ -1,9 +1,9 @@
 """Hostile input through the real command line: values reach the program verbatim and run nothing
 but the setup lines; checkpoints live anywhere; files follow the umask and stay where they belong.
 
-Elsewhere: the rendered script executed with hostile JobSpec values (tests/batch/test_sbatch.py),
-user templates sandboxed and strict, crafted checkpoints refused (tests/test_bad_input.py,
-tests/checkpoint/test_checkpoint.py).
+Elsewhere: the rendered script executed with hostile JobSpec values
+(tests/batch/script/test_sbatch.py), user templates sandboxed and strict, crafted checkpoints
+refused (tests/test_bad_input.py, tests/checkpoint/test_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slurmddp import Checkpointer
-from tests.batch.test_sbatch import FAKE_SCONTROL, FAKE_SRUN, RECORDER, one_line, text
+from tests.batch.script.test_sbatch import FAKE_SCONTROL, FAKE_SRUN, RECORDER, one_line, text
 from tests.conftest import launcher_free_env, umask
 
 HOSTILE_DIR = "dir $(touch pwned) 'q' \"d\" `id` ;x 日本"

@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 
 from slurmddp import errors, protocol
-from slurmddp.batch import templating
-from slurmddp.batch.sbatch import DEFAULT_TEMPLATE, context
+from slurmddp.batch.script import templating
+from slurmddp.batch.script.sbatch import DEFAULT_TEMPLATE, context
 from slurmddp.preemption import api, decision, signals
-from tests.batch.test_sbatch import CASES
+from tests.batch.script.test_sbatch import CASES
 from tests.conftest import ROOT
 
 TEMPLATE = ROOT / "templates" / DEFAULT_TEMPLATE

@@ -62,7 +62,7 @@ OLD = {
     "slurmddp.bootstrap": ("slurmddp.rank.bootstrap", ["bootstrap", "current"]),
     "slurmddp.cli_jobs": ("slurmddp.cli.jobs", ["status"]),
     "slurmddp.cli_submit": ("slurmddp.cli.submit", ["main_submit"]),
-    "slurmddp.config": ("slurmddp.batch.config", ["Settings", "load_sources"]),
+    "slurmddp.config": ("slurmddp.batch.spec.config", ["Settings", "load_sources"]),
     "slurmddp.coordination": ("slurmddp.rank.coordination", ["wait_all"]),
     "slurmddp.decision": ("slurmddp.preemption.decision", ["decide"]),
     "slurmddp.doctor": ("slurmddp.launch.doctor", ["run_checks"]),
@@ -71,7 +71,7 @@ OLD = {
         "compress", "expand", "expand_tasks_per_node",
     ]),
     "slurmddp.jobs": ("slurmddp.batch.jobs", ["JobRecord"]),
-    "slurmddp.jobspec": ("slurmddp.batch.jobspec", [
+    "slurmddp.jobspec": ("slurmddp.batch.spec.jobspec", [
         "BACKENDS", "JobSpec", "LAUNCHERS", "MANAGED_SBATCH_OPTIONS", "SIGNALS", "SpecError",
         "build_spec", "parse_env_pair", "parse_nodes", "parse_time", "validate",
     ]),
@@ -80,11 +80,11 @@ OLD = {
     "slurmddp.placement": ("slurmddp.rank.placement", ["cpu_threads"]),
     "slurmddp.process_group": ("slurmddp.launch.process_group", ["init"]),
     "slurmddp.sampler": ("slurmddp.training.sampler", ["ResumableDistributedSampler"]),
-    "slurmddp.sbatch": ("slurmddp.batch.sbatch", ["render_script"]),
+    "slurmddp.sbatch": ("slurmddp.batch.script.sbatch", ["render_script"]),
     "slurmddp.signals": ("slurmddp.preemption.signals", ["Receiver"]),
     "slurmddp.startup": ("slurmddp.launch.startup", ["join"]),
-    "slurmddp.submission": ("slurmddp.batch.submission", ["submit"]),
-    "slurmddp.templating": ("slurmddp.batch.templating", ["render"]),
+    "slurmddp.submission": ("slurmddp.batch.transport.submission", ["submit"]),
+    "slurmddp.templating": ("slurmddp.batch.script.templating", ["render"]),
     "slurmddp.train_state": ("slurmddp.training.train_state", [
         "capture", "capture_rng", "prime_ddp", "prime_on_next_forward", "restore", "restore_rng",
         "unwrap",
@@ -97,6 +97,19 @@ OLD = {
     "slurmddp.rank.process_group": ("slurmddp.launch.process_group", ["init"]),
     "slurmddp.rank.runner": ("slurmddp.launch.runner", ["main"]),
     "slurmddp.rank.startup": ("slurmddp.launch.startup", ["join"]),
+    # slurmddp.batch split by concern (spec, script, transport, functions, local).
+    "slurmddp.batch.options": ("slurmddp.batch.spec.options", ["OPTIONS"]),
+    "slurmddp.batch.config": ("slurmddp.batch.spec.config", ["Settings", "load_sources"]),
+    "slurmddp.batch.profiles": ("slurmddp.batch.spec.profiles", ["list_profiles"]),
+    "slurmddp.batch.jobspec": ("slurmddp.batch.spec.jobspec", ["JobSpec", "build_spec"]),
+    "slurmddp.batch.templating": ("slurmddp.batch.script.templating", ["render"]),
+    "slurmddp.batch.sbatch": ("slurmddp.batch.script.sbatch", ["render_script"]),
+    "slurmddp.batch.container": ("slurmddp.batch.script.container", ["rank_prefix"]),
+    "slurmddp.batch.submission": ("slurmddp.batch.transport.submission", ["submit"]),
+    "slurmddp.batch.snapshot": ("slurmddp.batch.transport.snapshot", ["take"]),
+    "slurmddp.batch.executor": ("slurmddp.batch.functions.executor", ["Executor", "submit"]),
+    "slurmddp.batch.call": ("slurmddp.batch.functions.call", ["main"]),
+    "slurmddp.batch.emulation": ("slurmddp.batch.local.emulation", ["main"]),
 }  # fmt: skip
 NEEDS_TORCH = {"slurmddp.sampler", "slurmddp.train_state"}  # as their new modules do
 

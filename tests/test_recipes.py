@@ -26,7 +26,7 @@ and the command must exit 0, or with the status its marker names for an error sh
 
 Regenerate the blocks after an intended change with
 ``SLURMDDP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_recipes.py`` (as for the golden
-files of tests/batch/test_sbatch.py), or ``.venv/bin/python -m tests.test_recipes --update``.
+files of tests/batch/script/test_sbatch.py), or ``.venv/bin/python -m tests.test_recipes --update``.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def cancel(opts: argparse.Namespace) -> int:
 
 
 def profiles(opts: argparse.Namespace) -> int:
-    from slurmddp.batch import config, profiles
+    from slurmddp.batch.spec import config, profiles
 
     files = config.load_sources(Path.cwd(), os.environ)
     settings = config.resolve_settings({}, opts.profile, files) if opts.profile else None

@@ -1,7 +1,7 @@
 """The documentation site's generated pages, and the links ``--help`` gives to it.
 
 Nothing here is written twice: the command-line reference comes from the commands' own parsers
-and, for the job's options, from their one table (`slurmddp.batch.options.OPTIONS`: default,
+and, for the job's options, from their one table (`slurmddp.batch.spec.options.OPTIONS`: default,
 configuration key, check), as TorchX renders its runopts; the environment variables come from
 their declarations in `slurmddp.protocol`. docs/hooks/reference.py puts both into the site as
 it is built (``<!-- generated: cli -->``, ``<!-- generated: environment -->``). Pure: it reads
@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator
 
 from slurmddp import protocol
-from slurmddp.batch import options
+from slurmddp.batch.spec import options
 
 __all__ = ["cli_markdown", "environment_markdown", "variables"]
 
@@ -89,7 +89,7 @@ def cli_markdown() -> str:
     by_key = {o.key: o for o in options.OPTIONS}
     out = [
         "Every command and option, generated from the commands' parsers and the table of the "
-        "job's options (`slurmddp/batch/options.py`). An option with a configuration key may "
+        "job's options (`slurmddp/batch/spec/options.py`). An option with a configuration key may "
         "also be set in `slurmddp.toml`, `[tool.slurmddp]` in `pyproject.toml`, or a profile "
         "([Centre profiles](../recipes/centre-profiles.md)); the command line wins.",
         "",

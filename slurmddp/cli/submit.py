@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmddp import files
-from slurmddp.batch import options
+from slurmddp.batch.spec import options
 from slurmddp.errors import SpecError, fail
 
 if TYPE_CHECKING:
-    from slurmddp.batch.jobspec import JobSpec
+    from slurmddp.batch.spec.jobspec import JobSpec
 
 
 class _Flag(NamedTuple):
-    """One of the commands' own flags (the job's options are in `slurmddp.batch.options`)."""
+    """One of the commands' own flags (the job's options are in `slurmddp.batch.spec.options`)."""
 
     flags: tuple[str, ...]
     kwargs: dict[str, Any]
@@ -161,7 +161,7 @@ def build(
     Bad input raises a `slurmddp.errors.UserError` (SpecError, ConfigError, TemplateError); the
     command's caller reports it.
     """
-    from slurmddp.batch import config, jobspec
+    from slurmddp.batch.spec import config, jobspec
 
     target = ["-m", opts.module, *rest] if opts.module else rest
     if not target:
@@ -175,7 +175,7 @@ def build(
     keywords = options.spec_keywords(settings.items())
     spec = jobspec.build_spec(target, job_name=opts.job_name, **keywords)
     if preview and spec.snapshot:
-        from slurmddp.batch import snapshot
+        from slurmddp.batch.transport import snapshot
 
         spec = snapshot.preview(spec)
     template = settings.get("template")
@@ -190,12 +190,13 @@ def main_submit(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     opts = parser.parse_args(own)
     spec, template = build(opts, rest, preview=opts.dry_run)
     if opts.dry_run:
-        from slurmddp.batch import sbatch
+        from slurmddp.batch.script import sbatch
 
         sys.stdout.write(sbatch.render_for(spec, template))
         return 0
 
-    from slurmddp.batch import jobs, submission
+    from slurmddp.batch import jobs
+    from slurmddp.batch.transport import submission
 
     try:
         record = submission.submit(spec, local=opts.local, template=template,
@@ -225,7 +226,7 @@ def main_template(argv: Sequence[str], parser: argparse.ArgumentParser) -> int:
     own, rest = split_target(argv, command="template")
     check_names(own, parser, command="template")
     opts = parser.parse_args(own)
-    from slurmddp.batch import sbatch
+    from slurmddp.batch.script import sbatch
 
     script = sbatch.render_for(*build(opts, rest))
     if opts.output_file:

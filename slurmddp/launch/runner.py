@@ -176,9 +176,9 @@ def _execute(module: str | None, rest: list[str]) -> None:
         sys.argv = [module, *rest]
         code_dir = os.environ.get(CODE_DIR_VAR)
         if code_dir:
-            # The job's code snapshot (slurmddp.batch.snapshot) before the working directory,
-            # which `python -m` put first and which holds the files as they are now. PYTHONPATH
-            # would not do: it comes after the working directory.
+            # The job's code snapshot (slurmddp.batch.transport.snapshot) before the working
+            # directory, which `python -m` put first and which holds the files as they are now.
+            # PYTHONPATH would not do: it comes after the working directory.
             sys.path.insert(0, code_dir)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         return

@@ -14,7 +14,8 @@ the job over, with its `plan.Plan` (fixed at submission) as JSON, to
 5. ends with the job's exit status.
 
 ``slurmddp submit --local`` runs the same batch script, with stand-ins of srun and scontrol
-(`slurmddp.batch.emulation`): the local run is the cluster's in miniature, supervisor included.
+(`slurmddp.batch.local.emulation`): the local run is the cluster's in miniature, supervisor
+included.
 
 Modules: `plan` (what the job runs, pure), `launchers` (srun, torchrun, mpirun; pure),
 `outcome` (the run's files read), `supervise` (the process).

@@ -71,7 +71,7 @@ class Launcher:
     log_note: ClassVar[str]  # what the log holds, for the batch script's header
     # Why it cannot run under ``--local`` (words after "--local: "); None if it can.
     local_problem: ClassVar[str | None] = None
-    # What applies to it, for the job's checks (slurmddp.batch.jobspec): srun starts its tasks
+    # What applies to it, for the job's checks (slurmddp.batch.spec.jobspec): srun starts its tasks
     # (so an image's pyxis options reach them); srun's --mpi plugin; torchrun's agents (a
     # rendezvous, restarts, spare nodes, a node range that goes on in place).
     through_srun: ClassVar[bool] = True

@@ -1,7 +1,7 @@
 """What the supervisor runs, fixed at submission: a `Plan`, handed over in the batch script as JSON.
 
-Pure: `slurmddp.batch.sbatch` builds it from the job's spec, the supervisor reads it back; what
-only the running job knows (its id, its nodes, the restart) comes from the environment Slurm
+Pure: `slurmddp.batch.script.sbatch` builds it from the job's spec, the supervisor reads it back;
+what only the running job knows (its id, its nodes, the restart) comes from the environment Slurm
 gives the batch script.
 """
 

@@ -214,7 +214,7 @@ def test_a_snapshot_is_compared_with_this_runs_durable_step(tmp_path, job, monke
 
 @pytest.mark.ranks
 def test_two_submissions_from_one_directory_do_not_share_training(tmp_path):
-    from tests.batch.test_emulation import job_lines
+    from tests.batch.local.test_emulation import job_lines
     from tests.cli.test_cli_submit import slurmddp
     from tests.conftest import PROGRAMS, tagged_json
 

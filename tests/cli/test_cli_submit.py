@@ -39,7 +39,8 @@ def test_dry_run_prints_a_valid_script_and_submits_nothing(tmp_path):
 
 def test_template_writes_the_same_script_as_a_file(tmp_path):
     state = tmp_path / "state"
-    # (--dry-run alone names the code snapshot submit would take: tests/batch/test_snapshot.py)
+    # (--dry-run alone names the code snapshot submit would take:
+    # tests/batch/transport/test_snapshot.py)
     dry = slurmddp("submit", "--dry-run", "--no-snapshot", TRAIN, cwd=tmp_path, state=state).stdout
     r = slurmddp("template", "-o", "job.sh", TRAIN, cwd=tmp_path, state=state)
     assert r.returncode == 0, r.stderr

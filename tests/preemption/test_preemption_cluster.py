@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.preemption import decision
-from tests.batch.test_submit_cluster import slurmddp, submitted
+from tests.batch.transport.test_submit_cluster import slurmddp, submitted
 from tests.conftest import ELSEWHERE_SLURM, EVERY_SLURM, ROOT, tagged_json, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -321,7 +321,7 @@ def test_under_a_time_limit_without_a_signal_the_ranks_stop_in_time_by_themselve
 @pytest.mark.mpi
 def test_under_mpirun_the_stop_signal_reaches_every_rank(slurm_cluster, tmp_path,
                                                          reference_digest):  # fmt: skip
-    from tests.batch.test_submit_cluster import MPIRUN_AS_ROOT
+    from tests.batch.transport.test_submit_cluster import MPIRUN_AS_ROOT
 
     job = Job(slurm_cluster, tmp_path, ["--launcher", "mpirun", *MPIRUN_AS_ROOT,
               *train_args(tmp_path / "ckpt", steps=300, step_time=0.05)])  # fmt: skip

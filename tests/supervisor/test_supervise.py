@@ -1,7 +1,7 @@
 """The supervisor's parts: how a run ended read from its files, a plan it cannot read, its imports.
 
 Its whole run, signals included, is tested through the rendered batch script with stand-ins of
-srun and scontrol (tests/batch/test_sbatch.py) and on the clusters.
+srun and scontrol (tests/batch/script/test_sbatch.py) and on the clusters.
 """
 
 from __future__ import annotations
