@@ -267,6 +267,37 @@ def test_local_runs_the_users_own_template(tmp_path):
     assert "mine: t on 2 nodes" in (tmp_path / "jobs" / f"{job}.batch.log").read_text()
 
 
+# A template of the user's that hands each run to the supervisor by hand, as
+# docs/concepts/supervisor.md says it may: the job's environment, then `exec` (the batch shell's
+# signals then reach the supervisor itself).
+HANDING_OVER = """#!/bin/bash
+{% for option, value in directives %}
+#SBATCH {{ option }}{% if value is not none %}={{ value | directive }}{% endif %}
+
+{% endfor %}
+echo "mine: $SLURM_JOB_NAME"
+{% for name, value in protocol_env %}
+export {{ name }}={{ value | sh }}
+{% endfor %}
+job_dir={{ output_dir | sh }}/"$SLURM_JOB_ID"
+{% for name, file in state_files %}
+export {{ name }}="$job_dir"/{{ file | sh }}
+{% endfor %}
+exec {{ decision_python | sh }} -m {{ p.SUPERVISOR_MODULE }} --plan {{ plan | sh }}
+"""
+
+
+@pytest.mark.ranks
+def test_local_runs_a_users_template_that_hands_over_to_the_supervisor(tmp_path):
+    (tmp_path / "mine.j2").write_text(HANDING_OVER)
+    (tmp_path / "t.py").write_text("import os\nprint('rank', os.environ['RANK'], 'ran')\n")
+    r, job, text = local_job(tmp_path, "--template", "mine.j2", "--ntasks-per-node", "2", "t.py")
+    assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stdout + r.stderr + text
+    assert "rank 0 ran" in text and "rank 1 ran" in text, text
+    assert "mine: t" in (tmp_path / "jobs" / f"{job}.batch.log").read_text()
+    assert (tmp_path / "jobs" / job / "done").exists()  # marked done as the shipped script does
+
+
 @pytest.mark.parametrize(("argv", "said"), [
     (["--launcher", "mpirun"], "--local: --launcher mpirun cannot run locally"),
     (["--mpi", "pmix"], "--local: --mpi pmix is srun's MPI plugin"),
