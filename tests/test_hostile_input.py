@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slurmddp import Checkpointer
-from tests.batch.script.test_sbatch import FAKE_SCONTROL, FAKE_SRUN, RECORDER, one_line, text
+from tests.batch.script.test_sbatch import RECORDER, one_line, stand_ins, text
 from tests.conftest import launcher_free_env, umask
 
 HOSTILE_DIR = "dir $(touch pwned) 'q' \"d\" `id` ;x 日本"
@@ -32,10 +32,7 @@ HOSTILE_DIR = "dir $(touch pwned) 'q' \"d\" `id` ;x 日本"
 def fakes(tmp_path_factory) -> Path:
     """bin/ with srun and scontrol stand-ins, and a recording 'python' in a hostile directory."""
     root = tmp_path_factory.mktemp("fakes")
-    (root / "bin").mkdir()
-    for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (root / "bin" / name).write_text(body)
-        (root / "bin" / name).chmod(0o755)
+    stand_ins(root)
     (root / HOSTILE_DIR).mkdir()
     (root / HOSTILE_DIR / "python").write_text(RECORDER.format(python=sys.executable))
     (root / HOSTILE_DIR / "python").chmod(0o755)

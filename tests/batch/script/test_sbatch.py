@@ -328,14 +328,19 @@ def hostile_specs(draw) -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def fakes(tmp_path_factory) -> Path:
-    """bin/ with a fake srun and scontrol, and a recording 'python' in a hostile directory."""
-    root = tmp_path_factory.mktemp("fakes")
+def stand_ins(root: Path) -> None:
+    """root/bin/ with the stand-ins of srun and scontrol."""
     (root / "bin").mkdir()
     for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (root / "bin" / name).write_text(body)
         (root / "bin" / name).chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory) -> Path:
+    """bin/ with a fake srun and scontrol, and a recording 'python' in a hostile directory."""
+    root = tmp_path_factory.mktemp("fakes")
+    stand_ins(root)
     py_dir = root / "py $(touch pwned) 'q' `id`"
     py_dir.mkdir()
     (py_dir / "python").write_text(RECORDER.format(python=sys.executable))
