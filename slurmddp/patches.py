@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, cast
 
+from slurmddp.errors import warn
+
 __all__ = ["Patch", "applied", "apply", "declared", "original", "remove", "remove_all",
            "when_imported"]
 
@@ -55,9 +57,9 @@ class Patch:
         return self.target.partition(":")[0]
 
 
-# target -> (holder, attribute or None, key or None, original); what `apply` replaced.
+# target -> (holder, attribute or None, key or None, original, ours); what `apply` replaced.
 _declared: dict[str, Patch] = {}
-_applied: dict[str, tuple[Any, str | None, str | None, Any]] = {}
+_applied: dict[str, tuple[Any, str | None, str | None, Any, Any]] = {}
 
 
 def declared() -> dict[str, Patch]:
@@ -120,8 +122,9 @@ def apply(patch: Patch) -> bool:
     before = _current(holder, attribute, key)
     if before is _ABSENT:
         return False
-    _put(holder, attribute, key, patch.make(before))
-    _applied[patch.target] = (holder, attribute, key, before)
+    ours = patch.make(before)
+    _put(holder, attribute, key, ours)
+    _applied[patch.target] = (holder, attribute, key, before, ours)
     return True
 
 
@@ -133,11 +136,18 @@ def original(patch: Patch) -> Any:
 
 
 def remove(patch: Patch) -> None:
-    """Put the original of `patch` back (nothing where it is not applied)."""
+    """Put the original of `patch` back (nothing where it is not applied). Where something else
+    has replaced the name since (another library wrapping ours), it is left in place, with a
+    warning: putting the original back would drop that library's change without a word."""
     entry = _applied.pop(patch.target, None)
-    if entry is not None:
-        holder, attribute, key, before = entry
-        _put(holder, attribute, key, before)
+    if entry is None:
+        return
+    holder, attribute, key, before, ours = entry
+    if _current(holder, attribute, key) is not ours:
+        warn(f"{patch.target} was replaced again after slurmddp's patch: left as it is now "
+             "(slurmddp's patch may still run inside it)")  # fmt: skip
+        return
+    _put(holder, attribute, key, before)
 
 
 def remove_all() -> None:

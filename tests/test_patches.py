@@ -69,6 +69,22 @@ def test_a_dict_entry_and_a_module_attribute_are_patched_and_put_back(library):
     assert module.handlers == {"env": "torch's"} and module.helper() == "helper"
 
 
+def test_a_name_replaced_again_since_is_left_to_whoever_replaced_it(library, capsys):
+    module, patch = library
+    run = patch("fakelib:Base.run")
+    original = module.Base.__dict__["run"]
+    assert patches.apply(run)
+    ours = module.Base.__dict__["run"]
+    module.Base.run = lambda self: ("theirs", ours(self))  # another library wraps ours
+    patches.remove(run)
+    assert module.Base().run() == ("theirs", ("ours", "base"))  # their wrapper kept
+    assert capsys.readouterr().err == ("slurmddp: fakelib:Base.run was replaced again after "
+                                       "slurmddp's patch: left as it is now (slurmddp's patch "
+                                       "may still run inside it)\n")  # fmt: skip
+    assert "fakelib:Base.run" not in patches.applied()
+    module.Base.run = original
+
+
 @pytest.mark.parametrize("target", [
     "fakelib:Child.run",  # inherited: a subclass's attribute is not the class's own
     "fakelib:Base.gone", "fakelib:handlers[gone]", "fakelib:Gone.run", "fakelib:helper.x[y]",

@@ -51,10 +51,12 @@ class Supervisor:
         batch job's exit status."""
         run = Run.of(self.environ)
         nodelist = self.environ.get("SLURM_JOB_NODELIST", "")
+        job_dir = self.plan.job_dir(run.job_id)
         try:
-            self._start_run(self.plan.job_dir(run.job_id))
+            self._start_run(job_dir)
         except OSError as e:
-            _say(f"cannot prepare the job's directory: {e}")
+            _say(f"cannot make the job's directory {str(job_dir)!r} ({e.strerror}: {e.filename}): "
+                 "submit with --output a directory the job may write to")  # fmt: skip
             return protocol.INTERNAL_ERROR
         batch_log, log_start = _log_position()
         status = preflight_status = None

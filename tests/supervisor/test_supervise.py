@@ -6,10 +6,13 @@ srun and scontrol (tests/batch/script/test_sbatch.py) and on the clusters.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+from slurmddp import protocol
 from slurmddp.supervisor import outcome
+from tests.conftest import launcher_free_env
 
 
 def files(tmp_path, **contents: str) -> dict[str, str]:
@@ -67,6 +70,18 @@ def test_a_plan_it_cannot_read_is_one_line_and_status_2():
                            capture_output=True, text=True, timeout=60)  # fmt: skip
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith("slurmddp: the batch script's plan cannot be read")
+
+
+def test_a_job_directory_it_cannot_make_is_one_line_and_no_step(tmp_path):
+    (tmp_path / "afile").touch()
+    plan = json.dumps({"launcher": "srun", "python": sys.executable, "target": ["t.py"],
+                       "log_root": str(tmp_path / "afile" / "out")})  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "slurmddp.supervisor", "--plan", plan],
+                       env={**launcher_free_env(), "SLURM_JOB_ID": "7"}, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == protocol.INTERNAL_ERROR and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("slurmddp: cannot make the job's directory "), r.stderr
+    assert "Not a directory" in r.stderr and "--output" in r.stderr
 
 
 def test_the_supervisor_imports_no_torch():
