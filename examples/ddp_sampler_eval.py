@@ -3,7 +3,7 @@
     slurmddp submit --nodes 2 --ntasks-per-node 1 examples/ddp_sampler_eval.py --epochs 5
     srun -N2 --ntasks-per-node=1 python -m slurmddp.run examples/ddp_sampler_eval.py --epochs 5
     slurmddp submit --local --follow --nodes 2 --ntasks-per-node 1 \\
-        --local-signal-after 4 examples/ddp_sampler_eval.py --step-time 0.02   # preempted once
+        --local-signal-after 20steps examples/ddp_sampler_eval.py --step-time 0.02  # stopped once
 
 The skeleton to copy:
 

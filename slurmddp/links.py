@@ -24,7 +24,9 @@ PAGES = {
     "status": "guide/submitting/#following-a-job",
     "logs": "guide/submitting/#following-a-job",
     "cancel": "guide/submitting/#following-a-job",
+    "report": "concepts/job-story/",
     "profiles": "recipes/centre-profiles/",
+    "quickstart": "getting-started/",
     "doctor": "recipes/troubleshooting/",
     "run": "guide/running/",
 }

@@ -70,9 +70,17 @@ FAILURE_FILE_VAR: Final = "SLURMDDP_FAILURE_FILE"  # every rank that fails: one 
 NODES_LOST_FILE_VAR: Final = "SLURMDDP_NODES_LOST_FILE"
 # The shell: each node left behind when the job was requeued, and why (`slurmddp status`).
 EXCLUDED_FILE_VAR: Final = "SLURMDDP_EXCLUDED_FILE"
+# The job's story (slurmddp.story): one JSON line per event, appended by the supervisor, rank 0
+# and the hang watchdog's monitor; `slurmddp status|logs -f|report` read it.
+EVENTS_FILE_VAR: Final = "SLURMDDP_EVENTS_FILE"
 # The local emulation's state directory (slurmddp.batch.local.emulation): its stand-ins of srun and
 # scontrol find the job there.
 LOCAL_STATE_VAR: Final = "SLURMDDP_LOCAL_STATE"
+# The local emulation's rehearsed stop of this run (``--local-signal-after``): "S" seconds after the
+# first step, or "Nsteps"; rank 0 sends the stop signal to the emulated batch job's process,
+# $SLURMDDP_LOCAL_BATCH_PID, which hands it to the batch script as Slurm would.
+LOCAL_REHEARSAL_VAR: Final = "SLURMDDP_LOCAL_REHEARSAL"
+LOCAL_BATCH_PID_VAR: Final = "SLURMDDP_LOCAL_BATCH_PID"
 
 # (variable, file name) of each file the batch script creates the variable for.
 STATE_FILES: Final = (
@@ -83,6 +91,7 @@ STATE_FILES: Final = (
     (FAILURE_FILE_VAR, "failures"),
     (EXCLUDED_FILE_VAR, "excluded"),
     (NODES_LOST_FILE_VAR, "nodes-lost"),
+    (EVENTS_FILE_VAR, "events.jsonl"),
     (HANG_DIR_VAR, "hang"),  # a directory: the watchdog's stacks, report and per-run state
 )
 

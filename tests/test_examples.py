@@ -279,13 +279,15 @@ def test_lightning_or_accelerate_says_why_it_does_nothing_without_them(tmp_path)
 @pytest.mark.ranks
 def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_path,
                                                                          runtime_python):
-    # 40 steps an epoch at 0.1 s a step, the stop signal 4 s into each of the first two runs
-    # (whose first seconds import torch): the first stop falls inside the first epoch, never at
-    # its end, and the resumed run starts mid-epoch; the second, 4 s into the resumed run, comes
-    # before its last step (80 or more are left, 8 s). (With 20 steps an epoch, a stop once fell
-    # on the epoch's last step.) Preempted twice, this is also the local emulation's proof of
-    # tests/batch/local/test_emulation.py's former preempted-twice test: only a second stop shows
-    # the emulation's restart counter past 1 (requeued 2 of 3) and its signal of each run.
+    # 40 steps an epoch at 0.1 s a step, the stop signal at the 10th step of the first run and
+    # the 20th of the second (counted from each run's first step: slurmddp.preemption.rehearsal;
+    # the ranks stop a few steps later, the time the signal takes through the batch script's
+    # processes): the first stop falls inside the first epoch, and the resumed run starts
+    # mid-epoch; the second comes before the last step. Preempted twice, this is also the local
+    # emulation's proof of tests/batch/local/test_emulation.py's former preempted-twice test:
+    # only a second stop shows the emulation's restart counter past 1 (requeued 2 of 3) and its
+    # signal of each run. And
+    # the job's story: what --follow said, `status --json` and `report` tell the same runs.
     args = ["--epochs", "3", "--samples", "1280", "--batch-size", "16"]
     ref = launch(tmp_path, "ddp_sampler_eval.py", *args,
                  "--checkpoint-dir", str(tmp_path / "ref-ckpt"),
@@ -296,7 +298,8 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     assert "epoch" not in ref.outputs[1]
 
     r = slurmddp("submit", "--local", "--follow", "--json", "--nodes", "2",
-                 "--ntasks-per-node", "1", "--output", "logs", "--local-signal-after", "4,4",
+                 "--ntasks-per-node", "1", "--output", "logs", "--local-signal-after",
+                 "10steps,20steps", "--hang-timeout", "10",
                  str(EXAMPLES / "ddp_sampler_eval.py"), *args, "--step-time", "0.1",
                  "--checkpoint-dir", str(tmp_path / "ckpt"),
                  cwd=tmp_path, state=tmp_path / "state", timeout=300)  # fmt: skip
@@ -309,8 +312,8 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     assert "stopped (signal, USR2) at restart 1 after its checkpoint: requeued (2 of 3)" in rank0
     stops = re.findall(r"^stopped at step (\d+) \(epoch (\d+), sample (\d+)\)$", rank0, re.M)
     assert len(stops) == 2, rank0
-    step, _, sample = stops[0]
-    assert int(step) < 40 and 0 < int(sample) < 1280, rank0
+    (first, epoch, _), (second, _, _) = stops
+    assert 10 <= int(first) < 40 and epoch == "0" and int(second) - int(first) >= 20, rank0
     # Each run resumed where the one before it stopped.
     assert re.findall(r"^resumed from step-(\d+): epoch (\d+), sample (\d+)$", rank0, re.M) == [
         (f"{int(s):08d}", e, n) for s, e, n in stops], rank0  # fmt: skip
@@ -320,3 +323,24 @@ def test_ddp_sampler_eval_is_preempted_under_local_emulation_and_resumes(tmp_pat
     print(f"uninterrupted: {ref.result['digest']}\npreempted x2:  {result['digest']}")
     assert {k: result[k] for k in ("digest", "val_loss", "steps")} == {
         k: ref.result[k] for k in ("digest", "val_loss", "steps")}  # fmt: skip
+
+    # The story, as --follow told it as it happened...
+    followed = r.stdout.replace(f"[slurmddp] job {job}: ", "")
+    for said in (f"stop requested (USR2 received): every rank stops after step {first}",
+                 "requeued (1 of 3): signal", "run 2 started on localhost",
+                 f"resumed at step {first} from ", "requeued (2 of 3): signal",
+                 "run 3 ended: finished (exit status 0)", "3 runs, 2 requeues, "):
+        assert said in followed, followed
+    assert followed.rstrip().endswith("COMPLETED")
+    # ... as `status --json` keeps it...
+    status = slurmddp("status", "--json", job, cwd=tmp_path, state=tmp_path / "state")
+    [told] = json.loads(status.stdout)
+    assert (told["state"], told["runs"], told["requeues"], told["steps_lost"]) == (
+        "COMPLETED", 3, 2, {})
+    assert told["last_checkpoint"]["step"] == 120 and 0 < told["goodput"] <= 1  # its last save
+    assert told["step"] >= 115
+    # ... and as the report draws it: three runs, two stops, one on each of the first two.
+    page = slurmddp("report", job, cwd=tmp_path, state=tmp_path / "state")
+    html = Path(page.stdout.strip()).read_text()
+    assert html.count('class="run"') == 3 and html.count('class="stop"') == 2
+    assert 'data-cause="signal"' in html and 'data-cause="finished"' in html

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import time
@@ -16,6 +17,7 @@ from slurmddp.checkpoint.state import check_state, check_step
 from slurmddp.errors import CheckpointError, warn
 from slurmddp.protocol import RUN_ID_VAR
 from slurmddp.rank.identity import run_id
+from slurmddp.story import events
 
 
 class Checkpointer:
@@ -166,6 +168,9 @@ class Checkpointer:
         _preemption().note_save(seconds)
         if ranks.leads():
             layout.write_save_time(self.directory, step, round(seconds, 3))
+            path = self.directory / layout.step_name(step)
+            events.emit("checkpoint", step=step, seconds=round(seconds, 3), path=str(path),
+                        bytes=_size(path))  # fmt: skip
 
     @property
     def latest_step(self) -> int | None:
@@ -255,10 +260,23 @@ def _names_a_path(asked: str | os.PathLike[str]) -> bool:
 
 
 def _resuming(loaded: Checkpoint, run: str | None) -> None:
-    """Rank 0's one line saying what is resumed: the step, the run that saved it, the path."""
+    """Rank 0's one line saying what is resumed: the step, the run that saved it, the path; and
+    the event, for the job's story."""
+    _preemption().resumed_at = loaded.step
     if ranks.leads():
         warn(f"resuming from step {loaded.step} "
              f"{f'of run {run}' if run else '(saved without a run id)'}: {loaded.path}")
+        events.emit("resumed", step=loaded.step, source=str(loaded.path))
+
+
+def _size(path: Path) -> int:
+    """The bytes of the files under `path` (a checkpoint's step directory)."""
+    total = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(directory, name)).st_size
+    return total
 
 
 def _preemption():  # the stop protocol's state, imported late: it is not needed to checkpoint

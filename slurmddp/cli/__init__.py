@@ -14,6 +14,7 @@ from slurmddp.links import help_link
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from slurmddp.cli import jobs as cli_jobs
+    from slurmddp.cli import quickstart as cli_quickstart
     from slurmddp.cli import submit as cli_submit
     from slurmddp.launch import doctor
 
@@ -38,7 +39,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "status": sub.add_parser("status", help="state of submitted jobs"),
         "logs": sub.add_parser("logs", help="a rank's log of a submitted job"),
         "cancel": sub.add_parser("cancel", help="cancel submitted jobs"),
+        "report": sub.add_parser("report", help="a page with a job's timeline and summary"),
         "profiles": sub.add_parser("profiles", help="list cluster profiles, with sources"),
+        "quickstart": sub.add_parser("quickstart", help="write a complete train.py to start from"),
         "doctor": sub.add_parser(
             "doctor", help="show this rank's resolved values; --check tests the collectives"
         ),
@@ -52,7 +55,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     cli_jobs.add_status(commands["status"])
     cli_jobs.add_logs(commands["logs"])
     cli_jobs.add_cancel(commands["cancel"])
+    cli_jobs.add_report(commands["report"])
     cli_jobs.add_profiles(commands["profiles"])
+    cli_quickstart.add_arguments(commands["quickstart"])
     doctor.add_arguments(commands["doctor"])
     p.epilog = help_link("slurmddp")
     for name, command in commands.items():
@@ -84,11 +89,15 @@ def _dispatch(argv: list[str], command: str | None) -> int | str | None:
     if unknown:  # a subcommand's: its own parser says so, under its own name
         commands.get(opts.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     opts.prog = f"slurmddp {opts.command}" if opts.command else "slurmddp"
+    if opts.command == "quickstart":
+        from slurmddp.cli import quickstart
+
+        return quickstart.main(opts)
     if opts.command == "doctor":
         from slurmddp.launch import doctor
 
         return doctor.main(opts)
-    if opts.command in ("status", "logs", "cancel", "profiles"):
+    if opts.command in ("status", "logs", "cancel", "report", "profiles"):
         from slurmddp.cli import jobs as cli_jobs
 
         return getattr(cli_jobs, opts.command)(opts)

@@ -35,14 +35,14 @@ class _Flag(NamedTuple):
         return self.kwargs.get("action") != "store_true"
 
 
-def _seconds_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or not all(0 <= v < float("inf") for v in values):
+def _rehearsals(text: str) -> tuple[str, ...]:
+    from slurmddp.preemption.rehearsal import parse  # pure, and imports no torch
+
+    values = tuple(x.strip() for x in text.split(","))
+    if not all(parse(v) for v in values):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of seconds: give e.g. 5 or 5,8 (one value per run)"
+            f"{text!r} is not a list of seconds or steps: give e.g. 20, 20,40 or 50steps (one "
+            "value per run, counted from its first step)"
         )
     return values
 
@@ -62,10 +62,10 @@ _FLAGS = (
                          "help": "run here without Slurm: the same batch script, with "
                                  "local stand-ins of srun and scontrol"}, ("submit",)),
     _Flag(("--local-signal-after",), {
-        "type": _seconds_list, "metavar": "S[,S...]",
-        "help": "with --local: send the stop signal to the batch script S seconds into each "
-                "run, one value per run "
-                "(preempting it that often)"}, ("submit",)),
+        "type": _rehearsals, "metavar": "S|Nsteps[,...]",
+        "help": "with --local: send the stop signal to the batch script S seconds after each "
+                "run's first step (or at its N-th step), one value per run (preempting it that "
+                "often)"}, ("submit",)),
     _Flag(("-o", "--output-file"), {"dest": "output_file", "metavar": "FILE",
                                     "help": "write the script here (default: standard output)"},
           ("template",)),

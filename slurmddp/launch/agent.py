@@ -31,6 +31,7 @@ from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
 from slurmddp.rank.env import derive_port, port_range
 from slurmddp.rank.variables import Vars
+from slurmddp.story import events
 
 
 def children(pid: int, proc: str = "/proc") -> list[int]:
@@ -182,6 +183,10 @@ def _counting_a_lost_node(waiting: Any) -> Any:
         for worker in children(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker, signal.SIGKILL)
+        from slurmddp.launch.startup import host_name
+
+        events.emit("agent", line=f"agent (host {host_name()}): a node of the round was lost: "
+                                  "its workers go back to the rendezvous")  # fmt: skip
         return max(count, 1)
 
     return num_nodes_waiting
@@ -261,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         line = (f"slurmddp: agent (host {host_name()}): fewer nodes than the minimum joined "
                 f"torchrun's rendezvous within {timeout_s:g} s")  # fmt: skip
         print(line, file=sys.stderr, flush=True)
+        events.emit("agent", line=line.removeprefix("slurmddp: "))
         path = os.environ.get(NODES_LOST_FILE_VAR)
         if path:
             with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -34,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=120.0, metavar="S", help="seconds (default: 120)"
     )
     p.add_argument("--master-host-format", metavar="FMT", help="see python -m slurmddp.run -h")
+    p.add_argument("--json", action="store_true",
+                   help="this rank's values and their sources as one JSON object (no --check)")
 
 
 def main(opts: argparse.Namespace) -> int:
@@ -44,6 +47,11 @@ def main(opts: argparse.Namespace) -> int:
     problem = shm_problem(SHM, _space(SHM))
     if problem is not None:
         print(f"{PROG}: warning: {problem}", file=sys.stderr, flush=True)
+    if opts.json and opts.check:
+        fail("--json shows this rank's values; run --check without it", prog=PROG)
+    if opts.json:
+        print(json.dumps(as_json(dist, socket.gethostname(), problem)), flush=True)
+        return 0
     if not opts.check:
         print(format_env(dist, socket.gethostname()), flush=True)
         return 0
@@ -79,6 +87,14 @@ def format_env(dist: DistEnv, host: str) -> str:
     lines = [f"rank {dist.rank}/{dist.world_size} on {host} (launcher {dist.launcher})"]
     lines += [f"  {name:<17}{value:<22}{source}" for name, value, source in dist.rows()]
     return "\n".join(lines)
+
+
+def as_json(dist: DistEnv, host: str, shm: str | None) -> dict[str, object]:
+    """What `format_env` shows, as one object: a line of JSON per rank under srun."""
+    return {"rank": dist.rank, "world_size": dist.world_size, "host": host,
+            "launcher": str(dist.launcher), "shm_problem": shm,
+            "values": [{"name": name, "value": value, "source": source}
+                       for name, value, source in dist.rows()]}  # fmt: skip
 
 
 def run_checks(dist: DistEnv, backend: str, timeout: float) -> int:

@@ -38,7 +38,7 @@ from typing import NoReturn
 
 from slurmddp import dist, files
 from slurmddp.errors import warn
-from slurmddp.preemption import deadline, decision, signals, slurm
+from slurmddp.preemption import deadline, decision, rehearsal, signals, slurm
 from slurmddp.preemption.agreement import Agreement
 from slurmddp.preemption.signals import stop_signal
 from slurmddp.protocol import (
@@ -49,6 +49,7 @@ from slurmddp.protocol import (
     REQUEUE_FILE_VAR,
 )
 from slurmddp.rank import bootstrap
+from slurmddp.story import events
 from slurmddp.watchdog import progress
 
 __all__ = [
@@ -70,6 +71,9 @@ class State:
         self.end: float | None = None
         self.stop_at: float | None = None
         self.save_s: float | None = None  # the last measured save's duration
+        self.calls = 0  # should_stop() calls: the steps of this run
+        self.resumed_at = 0  # the step this run resumed at (the checkpointer says)
+        self.rehearsal: rehearsal.Rehearsal | None = None  # --local-signal-after, on rank 0
         self.self_stopped = False
         # What must finish before this rank leaves (`on_leave`): callback -> at requeue only.
         self.leaving: dict[Callable[[], None], bool] = {}
@@ -102,8 +106,11 @@ class State:
     def should_stop(self, every: int | None = None, group: object = None) -> bool:
         """`should_stop`, for this state."""
         progress.heartbeat()
+        self.calls += 1
         if not self.asked:
             self._first_call()
+        elif self.rehearsal is not None:
+            self.rehearsal.step(self.calls)
         if self.done:
             return False
         if self.agreed:
@@ -114,6 +121,9 @@ class State:
         bits = self.agreement(self.receiver.seen, every, group)
         if bits:
             self.agreed = bits
+            if dist.rank() == 0:
+                events.emit("stop", signal=self.receiver.name(bits), self=self.self_stopped,
+                            step=self.resumed_at + self.calls, calls=self.calls)  # fmt: skip
             if dist.rank() == 0 and self.self_stopped and self.end is not None:
                 warn(f"the job ends in {self.end - time.time():.0f} s and no stop signal came: "
                      "every rank stops at this step boundary")  # fmt: skip
@@ -141,8 +151,11 @@ class State:
         if self.end is not None:
             self.stop_at = deadline.stop_at(self.end, deadline.lead_s(os.environ), self.save_s)
         path = os.environ.get(ASKED_FILE_VAR)
-        if path and dist.rank() == 0:
-            _touch(path)  # the supervisor's evidence that the script uses the protocol
+        if dist.rank() == 0:
+            if path:
+                _touch(path)  # the supervisor's evidence that the script uses the protocol
+            events.emit("training", step=self.resumed_at + 1)
+            self.rehearsal = rehearsal.arm(os.environ)
 
     def mark_done(self) -> None:
         """`mark_done`, for this state."""
@@ -152,8 +165,10 @@ class State:
         self.install()  # a late signal must not end the process either
         self.agreement.close()
         path = os.environ.get(DONE_FILE_VAR)
-        if path and dist.rank() == 0:
-            _touch(path)
+        if dist.rank() == 0:
+            if path:
+                _touch(path)
+            events.emit("done", step=self.resumed_at + self.calls, calls=self.calls)
 
     def requeue(self) -> NoReturn:
         """`requeue`, for this state."""

@@ -74,7 +74,7 @@ from slurmddp.protocol import (
 # The protocol's names among these are kept for modules that imported them from here.
 __all__ = [
     "ACTIONS", "DEFAULT_MAX_REQUEUES", "MAX_REQUEUES_VAR", "NOT_REQUEUED_STATUS", "SIGNAL_LEAD_VAR",
-    "Decision", "Facts", "decide", "facts_from", "job_fields", "main", "partition_fields",
+    "Decision", "Facts", "cause", "decide", "facts_from", "job_fields", "main", "partition_fields",
     "requeue_budget", "requeue_target", "seconds", "seconds_left",
 ]  # fmt: skip
 
@@ -192,6 +192,28 @@ def decide(f: Facts) -> Decision:
                         (*said, f.nodes_lost.removeprefix("slurmddp: ")))  # fmt: skip
     return _without_node(f, failure.blame(), "failed", said,
                          Decision("fail", f.step_status, said))
+
+
+def cause(f: Facts, d: Decision) -> str:
+    """Why the run ended, in a few words, for the job's story (`slurmddp.story`): finished,
+    preempted, time limit, signal, hang, node failure, nodes lost, crash..."""
+    if f.requeue_error is not None:
+        return "requeue failed"
+    if d.action in ("done", "finished"):
+        return "finished"
+    if f.hung:
+        return "hang"
+    if _stamped(f.job.get("PreemptTime")) or _requeued_already(f):
+        return "preempted"
+    if f.asked == "TERM":
+        return _term_cause(f)
+    if f.asked or (f.step_status is None and f.stop_signal in f.received):
+        return _stop_cause(f)
+    if f.step_status is None:
+        return "preflight failed" if f.preflight_status is not None else "stopped before the step"
+    if f.elastic and f.nodes_lost:
+        return "nodes lost"
+    return "node failure" if d.left_behind else "crash"
 
 
 def _failure(f: Facts) -> nodes.Failure:

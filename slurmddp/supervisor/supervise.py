@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurmddp import protocol
+from slurmddp.story import events
 from slurmddp.supervisor.launchers import LAUNCHERS, Run, Step, preflight
 from slurmddp.supervisor.plan import Plan
 
@@ -58,6 +59,7 @@ class Supervisor:
             _say(f"cannot make the job's directory {str(job_dir)!r} ({e.strerror}: {e.filename}): "
                  "submit with --output a directory the job may write to")  # fmt: skip
             return protocol.INTERNAL_ERROR
+        events.emit("run", self.environ, nodes=nodelist, job=run.job_id)
         batch_log, log_start = _log_position()
         status = preflight_status = None
         if self.received:
@@ -131,6 +133,7 @@ class Supervisor:
                              elastic=self.plan.elastic)  # fmt: skip
         for hang in ended.verdicts:  # which ranks hung, and where
             print(hang, file=sys.stderr, flush=True)
+            events.emit("hang", self.environ, lines=hang.splitlines())
         job = slurm.show_job(run.job_id)
         partition = slurm.show_partition(self.environ.get("SLURM_JOB_PARTITION", ""))
         facts = decision.facts_from(self.environ, step_status=status, received=tuple(self.received),
@@ -141,6 +144,10 @@ class Supervisor:
         for line in verdict.lines:
             _say(line)
         verdict = slurm.carry_out(verdict, facts, run.job_id, self.environ, _say)
+        events.emit("decision", self.environ, action=verdict.action, status=verdict.status,
+                    cause=decision.cause(facts, verdict), requeue=facts.restart + 1,
+                    allowed=facts.allowed, left_behind=verdict.left_behind,
+                    lines=list(verdict.lines))  # fmt: skip
         done = self.environ.get(protocol.DONE_FILE_VAR)
         if verdict.action == "finished" and done:
             Path(done).touch()  # a requeue racing this exit must not run the job again

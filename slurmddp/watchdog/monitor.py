@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmddp import files
+from slurmddp.story import events
 from slurmddp.watchdog import layout as layout_
 from slurmddp.watchdog import stacks, verdict
 from slurmddp.watchdog.layout import Layout, Progress
@@ -61,6 +62,7 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
           from_start: bool) -> int:  # fmt: skip
     period = layout_.period_s(timeout_s)
     seen = verdict.Watch(timeout_s, time.monotonic(), from_start)
+    told: dict[int, int] = {}
     while True:
         # Rank 0's end is noticed within a second: nothing of the job lingers after it.
         next_look = time.monotonic() + period
@@ -73,6 +75,7 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
         now = time.monotonic()
         progress = read_progress(where, world_size)
         seen.observe(progress, now)
+        told = _tell(progress, told)
         if seen.done:
             return 0
         if seen.hung(now):
@@ -103,6 +106,17 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
     if os.getppid() == parent:
         os.kill(parent, signal.SIGKILL)  # rank 0 could not leave by itself
     return 0
+
+
+def _tell(progress: dict[int, Progress], told: dict[int, int]) -> dict[int, int]:
+    """Each rank's count, for the job's story (its steps per second over time), when one
+    changed; each rank's node the first time."""
+    counts = {rank: p.count for rank, p in progress.items()}
+    if counts and counts != told:
+        nodes = {} if told else {str(rank): p.node for rank, p in progress.items()}
+        events.emit("progress", counts={str(r): c for r, c in counts.items()},
+                    **({"nodes": nodes} if nodes else {}))  # fmt: skip
+    return counts
 
 
 def main(argv: Sequence[str] | None = None) -> int:

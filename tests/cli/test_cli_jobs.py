@@ -60,17 +60,22 @@ def test_status_shows_an_array_as_one_line_and_its_tasks_with_verbose(tmp_path):
     r = slurmddp("status", env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     out = str(tmp_path / "out")
+    # Nothing of their story yet (no events): a dash in its columns.
     assert r.stdout.splitlines() == [
-        "       JOB  STATE                             ENGINE NAME                 DIRECTORY",
-        f"       100  RUNNING 2, COMPLETED 1, PENDING 1 slurm  sweep                {out}",
-        f"       200  FAILED                            slurm  plain                {out}",
-    ]
+        "       JOB  STATE                             RUNS REQ   ELAPSED    STEP    CKPT  NAME"
+        "                 DIRECTORY",
+        "       100  RUNNING 2, COMPLETED 1, PENDING 1    -   0         -       -       -  sweep"
+        f"                {out}",
+        "       200  FAILED                               -   0         -       -       -  plain"
+        f"                {out}",
+    ]  # fmt: skip
     verbose = slurmddp("status", "-v", "100", env=env, cwd=tmp_path).stdout.splitlines()
+    pad = " " * 36
     assert verbose[2:] == [
-        f"     100_0  COMPLETED                                job 101              {out}/101",
-        f"     100_1  RUNNING                                  job 102              {out}/102",
-        f"     100_2  RUNNING                                  job 103              {out}/103",
-        "     100_3  PENDING                                  -                    (not started)",
+        f"     100_0  COMPLETED                         {pad}job 101              {out}/101",
+        f"     100_1  RUNNING                           {pad}job 102              {out}/102",
+        f"     100_2  RUNNING                           {pad}job 103              {out}/103",
+        f"     100_3  PENDING                           {pad}-                    (not started)",
     ]
     # One sacct call for both jobs, and one ping of the controller.
     assert (tmp_path / "calls.log").read_text().splitlines()[:2] == [

@@ -56,6 +56,14 @@ def test_profiles_come_from_the_project_file(tmp_path):
     listed = slurmddp("profiles", "--profile", "site", cwd=tmp_path, state=state)
     assert listed.returncode == 0, listed.stderr
     assert "site" in listed.stdout and "partition" in listed.stdout
+    as_json = json.loads(slurmddp("profiles", "--profile", "site", "--json", cwd=tmp_path,
+                                  state=state).stdout)  # fmt: skip
+    assert as_json["profiles"] == [{"name": "site", "file": str(tmp_path / "slurmddp.toml"),
+                                    "extends": None, "hidden_by": None,
+                                    "values": {"partition": "gpu",
+                                               "setup": ["module load torch"]}}]  # fmt: skip
+    assert {"key": "partition", "value": '"gpu"', "source": f"profile 'site' "
+            f"({tmp_path / 'slurmddp.toml'})"} in as_json["settings"]  # fmt: skip
     dry = slurmddp("submit", "--dry-run", TRAIN, cwd=tmp_path, state=state).stdout
     assert "#SBATCH --partition=gpu" in dry
     assert "\nmodule load torch\n" in dry
@@ -131,28 +139,28 @@ def test_python_api_returns_the_jobs_record_as_its_handle(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("sig", ["USR2", "USR1"])
 @pytest.mark.ranks
-def test_local_delivers_the_stop_signal_after_the_given_time(tmp_path, sig):
-    # The signal reaches the batch shell 2 s into the run, and the task a little later, or
-    # before the script's own handler is in place on a loaded machine (the runner takes it then).
-    # Either way the shell leaves its name in the stop file, the protocol's channel for ranks not
-    # yet able to take it, which the script reads as slurmddp's Receiver does.
-    script = tmp_path / "wait.py"
+def test_local_delivers_the_stop_signal_after_the_given_steps(tmp_path, sig):
+    # The rehearsal counts from training's first step (slurmddp.preemption.rehearsal): rank 0
+    # sends the signal at its 5th should_stop() to the emulated batch job, which hands it to the
+    # batch script, the supervisor, srun's stand-in and each rank, as Slurm's would go. The
+    # ranks agree to stop at the same call, from step 5 on, on the chosen signal.
+    script = tmp_path / "steps.py"
     script.write_text(
-        "import os, signal, time\n"
-        "got = []\n"
-        f"signal.signal(signal.SIG{sig}, lambda *a: got.append('{sig}'))\n"
-        "stop_file = os.environ['SLURMDDP_STOP_FILE']\n"
-        "deadline = time.time() + 60\n"
-        "while not got and time.time() < deadline:\n"
-        "    if os.path.exists(stop_file):\n"
-        "        got += open(stop_file).read().split()  # empty while the shell writes it\n"
-        "    time.sleep(0.1)\n"
-        "print(got[0] if got else 'no signal', flush=True)\n"
+        "import time, slurmddp\n"
+        "from slurmddp.preemption.api import received\n"
+        "for step in range(1, 3001):\n"
+        "    time.sleep(0.01)\n"
+        "    if slurmddp.should_stop():\n"
+        "        print('stopped at', step, received().name, flush=True)\n"
+        "        break\n"
+        "slurmddp.mark_done()\n"
     )
-    argv = ["--local", "--follow", "--json", "--local-signal-after", "2", "--signal", sig]
+    argv = ["--local", "--follow", "--json", "--local-signal-after", "5steps", "--signal", sig]
     r = slurmddp("submit", *argv, str(script), cwd=tmp_path, state=tmp_path / "state")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sig in r.stdout
+    step, name = re.search(r"stopped at (\d+) (\w+)", r.stdout).groups()
+    assert name == f"SIG{sig}" and 5 <= int(step) < 3000, r.stdout
+    assert f"stop requested ({sig} received)" in r.stdout
 
 
 @pytest.mark.ranks

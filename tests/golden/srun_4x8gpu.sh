@@ -47,6 +47,7 @@ export SLURMDDP_STOP_FILE="$job_dir"/stop
 export SLURMDDP_FAILURE_FILE="$job_dir"/failures
 export SLURMDDP_EXCLUDED_FILE="$job_dir"/excluded
 export SLURMDDP_NODES_LOST_FILE="$job_dir"/nodes-lost
+export SLURMDDP_EVENTS_FILE="$job_dir"/events.jsonl
 export SLURMDDP_HANG_DIR="$job_dir"/hang
 # The code: its files as they are when each run starts (no snapshot of it was taken).
 echo "slurmddp: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"

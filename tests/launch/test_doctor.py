@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -46,3 +47,10 @@ def test_doctor_warns_in_a_container_sized_dev_shm():
     plain = subprocess.run([sys.executable, "-m", "slurmddp", "doctor"], env=launcher_free_env(),
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert plain.returncode == 0 and "warning" not in plain.stderr, plain.stderr
+    # --json: the same values, one object (what a script gathers from every rank under srun).
+    shown = subprocess.run(["unshare", "--mount", "sh", "-c", script, "sh", sys.executable, "-m",
+                            "slurmddp", "doctor", "--json"], env=launcher_free_env(),
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    told = json.loads(shown.stdout)
+    assert (told["rank"], told["world_size"]) == (0, 1) and "64 MiB free" in told["shm_problem"]
+    assert {"rank", "world_size", "master_addr"} <= {v["name"] for v in told["values"]}

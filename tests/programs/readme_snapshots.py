@@ -77,7 +77,8 @@ if __name__ == "__main__":
                                 torch.nn.Linear(16, 1))  # fmt: skip
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    loader = DataLoader(Noisy(), batch_size=4, sampler=DistributedSampler(Noisy(), shuffle=True))
+    sampler = DistributedSampler(Noisy(), shuffle=True)
+    loader = DataLoader(Noisy(), batch_size=4, sampler=sampler)
     epochs = 3
     start = None
 

@@ -6,10 +6,10 @@ loading is started anew, as `slurmddp.init()` starts it); then what a user does 
 did not aim at (a thread, a `break`, their own generators, torchdata's own protocol, an
 IterableDataset), and what `install` changes and puts back; then the guide's
 loop (docs/guide/preemption.md) as a user fills it in (tests/programs/readme_data_loop.py:
-dropout, random augmentation from torch, numpy and random, an ordinary DataLoader), and the
-README's quick-start block itself (tests/programs/readme_quickstart.py), preempted at 2 ranks
-(twice, or once where only the loading differs), against the same job uninterrupted, with the
-controls that show the tests can fail.
+dropout, random augmentation from torch, numpy and random, an ordinary DataLoader), preempted
+at 2 ranks (twice, or once where only the loading differs), against the same job uninterrupted,
+with the controls that show the tests can fail. The README's quick-start block itself runs as
+the shipped train.py (tests/cli/test_cli_quickstart.py).
 """
 
 from __future__ import annotations
@@ -569,22 +569,3 @@ def test_the_guides_table_of_what_is_exact_names_these_tests():
     assert set(re.findall(r'"([^"]+)"', ids)) <= set(named)
 
 
-QUICK_START = str(PROGRAMS / "readme_quickstart.py")
-
-
-@pytest.mark.ranks
-def test_the_readmes_quick_start_loop_as_written_resumes_bitwise(tmp_path):
-    # The README's own block, executed (not a copy): dropout, augmenting workers, a sampler.
-    reference = {r["digest"] for r in run_ranks(QUICK_START, tmp_path / "a", world=2)}
-    assert len(reference) == 1
-
-    def preempted(checkpoints, stops: str, **env: str) -> set:
-        for _ in stops.split(","):
-            assert run_ranks(QUICK_START, checkpoints, "--stop-at", stops, world=2, **env) == []
-        return {r["digest"] for r in run_ranks(QUICK_START, checkpoints, "--stop-at", stops,
-                                               world=2, **env)}  # fmt: skip
-
-    assert preempted(tmp_path / "b", "4,12") == reference
-    # The control: without the loaders' seeding the same job ends in other bits (one stop is
-    # enough for that).
-    assert preempted(tmp_path / "c", "4", SLURMDDP_EXACT_DATA="0") != reference

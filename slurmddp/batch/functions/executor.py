@@ -62,13 +62,13 @@ class Executor:
 
     `options`: those of ``slurmddp submit`` by their Python names (nodes, gpus_per_node,
     ntasks_per_node, time, partition, setup, env, sbatch_args...). `local`: run on this machine
-    (``slurmddp submit --local``); `signal_after` (local only): seconds into each run at which
-    the stop signal comes, to rehearse a preemption.
+    (``slurmddp submit --local``); `signal_after` (local only): when the stop signal comes in
+    each run, to rehearse a preemption: seconds after its first step, or "Nsteps" (its N-th).
     """
 
     def __init__(self, folder: str | os.PathLike[str] | None = None, *, local: bool = False,
                  template: str | os.PathLike[str] | None = None,
-                 signal_after: Sequence[float] = (), **options: Any) -> None:  # fmt: skip
+                 signal_after: Sequence[float | str] = (), **options: Any) -> None:  # fmt: skip
         self.folder = Path(folder if folder is not None else _default_folder()).absolute()
         self.local = local
         self.template = None if template is None else Path(template)
@@ -220,7 +220,8 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> str:
         """Wait until the job has ended; its final state. Raises TimeoutError after `timeout` s."""
-        return jobs.wait_until_final(lambda: self.state, timeout, self.job_id)
+        ending = self.record.ending() if not self.array else None
+        return jobs.wait_until_final(lambda: self.state, timeout, self.job_id, ending)
 
     def outcomes(self) -> dict[int, call.Outcome]:
         """How each rank's call ended in the job's last run, by rank (those that said)."""
@@ -349,7 +350,7 @@ def submit(
     target: JobSpec,
     *,
     local: bool = ...,
-    signal_after: Sequence[float] = ...,
+    signal_after: Sequence[float | str] = ...,
     template: Path | None = ...,
     code_from: Path | None = ...,
 ) -> jobs.JobRecord: ...

@@ -1,4 +1,4 @@
-"""Following a job: its state changes and rank 0's log, streamed until it ends."""
+"""Following a job: its state changes, its events and rank 0's log, streamed until it ends."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from slurmddp.batch.jobs import status
 from slurmddp.batch.jobs.registry import JobRecord
 from slurmddp.batch.jobs.status import UNKNOWN, counted, is_final, local_state
 from slurmddp.errors import warn
+from slurmddp.story import events, summary
 
 
 def follow(
@@ -18,45 +20,83 @@ def follow(
     state_of: Callable[[], str],
     out: TextIO = sys.stdout,
     *,
-    poll_s: float = 1.0,
-    max_poll_s: float = 10.0,
     settle_s: float = 0.5,
 ) -> str:
-    """Print state changes and stream rank 0's log until the job reaches a final state; the log's
-    last lines come before the final state's line. An array job's states are its tasks' counts
-    (its tasks' logs are theirs: `slurmddp status -v` lists them).
+    """Stream rank 0's log, the job's events (`slurmddp.story`: a run started, a stop, a
+    checkpoint, a requeue, a resume, a node left behind...) and its state changes until it
+    reaches a final state; then the log's last lines, the summary (runs, steps and time lost,
+    goodput) and the final state. An array job's states are its tasks' counts (its tasks' logs
+    and stories are theirs: `slurmddp status -v` lists them).
 
-    Polls back off from `poll_s` to `max_poll_s` while nothing changes. Returns the final state
-    (COMPLETED for an array whose tasks all completed, else its counts). On Ctrl-C, says in one
-    line (stderr) that the job goes on, and lets KeyboardInterrupt through.
+    Slurm is asked for the state at most every `status.MAX_POLL_S` once nothing changes (every
+    `FOLLOWED_POLL_S` while the job's events flow, which tell its runs' starts and ends); within
+    a second once the events say the last run ended. A local job's state costs no call: it is
+    looked at each tick. Returns the final state (COMPLETED for an array whose tasks all
+    completed, else its counts). On Ctrl-C, says in one line (stderr) that the job goes on, and
+    lets KeyboardInterrupt through.
     """
-    last, offset, delay = "", 0, poll_s
+    j = record.job_id
+    story, told = events.Tail(record.events_path), []
+    last, offset = "", 0
+    pause, next_ask = status.FIRST_POLL_S, 0.0
     try:
         while True:
-            state = state_of().strip()
-            array = counted(state)
-            if not array:
-                state = (state.split() or [UNKNOWN])[0]  # sacct may say "CANCELLED by 0"
-            final = is_final(state)
-            # sacct may not know a job for a moment after sbatch
-            if not final and state != last and state != UNKNOWN:
-                print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
-                last, delay = state, poll_s
-            if not array:
-                offset = _copy_new(record.log(0), offset, out)
-            if final:
+            new = [] if record.array else story.new()  # an array's tasks keep their own
+            told += new
+            if new:
+                offset = _copy_new(record.log(0), offset, out)  # the lines before the event
+            for event in new:
+                if line := events.describe(event):
+                    print(f"[slurmddp] job {j}: {line}", file=out, flush=True)
+            now = time.monotonic()
+            if any(e["kind"] in ("run", "decision") for e in new):
+                next_ask, pause = min(next_ask, now + status.FIRST_POLL_S), status.FIRST_POLL_S
+            if record.engine == "local" or now >= next_ask or (events.ended(told) and
+                                                               pause > status.FIRST_POLL_S):
+                state = state_of().strip()
+                array = counted(state)
                 if not array:
-                    _drain(record.log(0), offset, out, settle_s)
-                print(f"[slurmddp] job {record.job_id}: {state}", file=out, flush=True)
-                if array and state.startswith("COMPLETED ") and "," not in state:
-                    return "COMPLETED"  # every task completed
-                return state
-            time.sleep(delay)
-            delay = min(delay * 1.5, max_poll_s)
+                    state = (state.split() or [UNKNOWN])[0]  # sacct may say "CANCELLED by 0"
+                final = is_final(state)
+                # sacct may not know a job for a moment after sbatch, nor that it started, which
+                # its events may already have said
+                stale = state == "PENDING" and _running(told)
+                if not final and state != last and state != UNKNOWN and not stale:
+                    print(f"[slurmddp] job {j}: {state}", file=out, flush=True)
+                    last, pause = state, status.FIRST_POLL_S
+                if final:
+                    if not array:
+                        _drain(record.log(0), offset, out, settle_s)
+                        told += story.new()
+                        if told:
+                            for line in summary.summarize(told, time.time()).lines():
+                                print(f"[slurmddp] job {j}: {line}", file=out, flush=True)
+                    print(f"[slurmddp] job {j}: {state}", file=out, flush=True)
+                    if array and state.startswith("COMPLETED ") and "," not in state:
+                        return "COMPLETED"  # every task completed
+                    return state
+                soon = events.ended(told)
+                top = FOLLOWED_POLL_S if told else status.MAX_POLL_S
+                pause = status.FIRST_POLL_S if soon else min(pause * 1.5, top)
+                next_ask = now + pause
+            if not record.array:
+                offset = _copy_new(record.log(0), offset, out)
+            time.sleep(status.TICK_S)
     except KeyboardInterrupt:
         out.flush()
         warn(_left_running(record, last))
         raise
+
+
+def _running(told: list[events.Event]) -> bool:
+    """Whether the events say a run has started and not ended."""
+    ends = [e["kind"] for e in told if e["kind"] in ("run", "decision")]
+    return bool(ends) and ends[-1] == "run"
+
+
+# While a job's events flow, they tell what a user follows; Slurm is asked for the state this
+# often at most (one sacct): 120 calls an hour, and a few more as each run ends.
+FOLLOWED_POLL_S = 30.0
 
 
 def _left_running(record: JobRecord, last: str) -> str:

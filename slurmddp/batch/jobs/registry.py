@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from slurmddp.batch.jobs import status
 from slurmddp.files import make_dirs
+from slurmddp.protocol import EVENTS_FILE_VAR, STATE_FILES
+from slurmddp.story import events
 from slurmddp.supervisor.launchers import LAUNCHERS
 
 # The ranks' logs of each launcher (slurmddp.supervisor.launchers), and submitit's LocalExecutor's.
@@ -53,9 +55,37 @@ class JobRecord:
         """Whether the job has ended for good (a requeued one has not)."""
         return status.is_final(self.state)
 
+    @property
+    def job_dir(self) -> Path:
+        """Where the job's runs leave their files: its events, ranks' logs, watchdog's reports."""
+        return Path(self.folder) / self.job_id
+
+    @property
+    def events_path(self) -> Path:
+        """The job's events (`slurmddp.story`): what happened to each run."""
+        return self.job_dir / dict(STATE_FILES)[EVENTS_FILE_VAR]
+
+    def events(self) -> list[events.Event]:
+        """The job's events so far, in order."""
+        return events.read(self.events_path)
+
+    def ending(self) -> Callable[[], bool]:
+        """A check, cheap to repeat, of whether the job's last run ended it (its events say so;
+        a local job's state costs no call to Slurm: always)."""
+        if self.engine == "local":
+            return lambda: True
+        tail, told = events.Tail(self.events_path), []
+
+        def ended() -> bool:
+            told.extend(tail.new())
+            return events.ended(told)
+
+        return ended
+
     def wait(self, timeout: float | None = None) -> str:
         """Wait until the job has ended; its final state. Raises TimeoutError after `timeout` s."""
-        return status.wait_until_final(lambda: self.state, timeout, f"job {self.job_id}")
+        return status.wait_until_final(lambda: self.state, timeout, f"job {self.job_id}",
+                                       self.ending())  # fmt: skip
 
     def cancel(self) -> None:
         """Cancel the job (`cancel`)."""

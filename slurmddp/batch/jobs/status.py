@@ -133,23 +133,33 @@ def is_final(state: str) -> bool:
     return state in FINAL_STATES
 
 
-# A job's state is asked ever less often, down to this (one sacct a call).
-_FIRST_POLL_S, _MAX_POLL_S = 0.5, 10.0
+# A job's state is asked ever less often, down to this (one sacct a call); while the job's
+# story says it is about to end (`ending`), every FIRST_POLL_S. Between asks, `ending` (a read of
+# a file) is looked at every TICK_S.
+FIRST_POLL_S, MAX_POLL_S, TICK_S = 0.5, 10.0, 0.25
 
 
-def wait_until_final(state_of: Callable[[], str], timeout: float | None, what: str) -> str:
+def wait_until_final(state_of: Callable[[], str], timeout: float | None, what: str,
+                     ending: Callable[[], bool] | None = None) -> str:  # fmt: skip
     """Poll `state_of` until `is_final`, backing off; the final state. TimeoutError after
-    `timeout` seconds, naming `what`."""
+    `timeout` seconds, naming `what`. While `ending()` is true (the job's last run has ended,
+    its events say), Slurm is asked every FIRST_POLL_S: the end is known within a second or so,
+    at the cost of a few more calls at the very end."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    pause = _FIRST_POLL_S
+    pause = FIRST_POLL_S
     while True:
         state = state_of()
         if is_final(state):
             return state
         if deadline is not None and time.monotonic() + pause > deadline:
             raise TimeoutError(f"{what} has not ended after {timeout} s: it is {state}")
-        time.sleep(pause)
-        pause = min(pause * 1.5, _MAX_POLL_S)
+        asked = time.monotonic()
+        while (left := asked + pause - time.monotonic()) > 0:
+            time.sleep(min(TICK_S, left))
+            if ending is not None and pause > FIRST_POLL_S and ending():
+                break
+        soon = ending is not None and ending()
+        pause = FIRST_POLL_S if soon else min(pause * 1.5, MAX_POLL_S)
 
 
 # A row of what Slurm said: (job field, its own job id, state). The job field is "1234" for a

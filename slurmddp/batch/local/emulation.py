@@ -8,7 +8,8 @@ Slurm's daemons and tools, three roles of ``python -m slurmddp.emulation``:
 - ``batch`` (slurmd's part), the one task submitit's LocalExecutor starts: it gives the script
   the variables sbatch gives a job (`job_environment`), puts the stand-ins below first on PATH,
   runs the script with its output in ``<output>/<job>.batch.log``, passes the stop signal to it
-  (the time limit's warning from submitit's controller, or ``--local-signal-after``), the job's
+  (the time limit's warning from submitit's controller, or ``--local-signal-after``'s, which
+  rank 0 sends here counted from its first step: `slurmddp.preemption.rehearsal`), the job's
   end (TERM) to all its processes, and has submitit start it again when it was requeued;
 - ``srun``: starts the step's tasks, each with the variables a real task has
   (`step_environment`), writes their output where ``--output`` says, passes USR1/USR2 on, and
@@ -246,8 +247,9 @@ def batch(argv: Sequence[str]) -> int:
     p.add_argument("--time-limit", type=float, help="seconds (none: unlimited)")
     p.add_argument("--no-requeue", action="store_true", help="sbatch --no-requeue")
     p.add_argument("--signal", default=protocol.DEFAULT_SIGNAL)
-    p.add_argument("--signal-after", type=float, action="append", default=[], metavar="S",
-                   help="send the stop signal S seconds into the run; once per run, in order")
+    p.add_argument("--signal-after", action="append", default=[], metavar="S|Nsteps",
+                   help="send the stop signal S seconds after the run's first step, or at its "
+                        "N-th step; once per run, in order")
     opts = p.parse_args(argv)
 
     job_id = os.environ["SUBMITIT_LOCAL_JOB_ID"]
@@ -275,12 +277,17 @@ def batch(argv: Sequence[str]) -> int:
         if restart:  # as Slurm: only once the job has been requeued
             env["SLURM_RESTART_COUNT"] = str(restart)
         env[protocol.LOCAL_STATE_VAR] = str(state)
+        for name in (protocol.LOCAL_REHEARSAL_VAR, protocol.LOCAL_BATCH_PID_VAR):
+            env.pop(name, None)
+        if rehearsed := opts.signal_after[restart:restart + 1]:
+            # Rank 0 sends it, counted from its first step (slurmddp.preemption.rehearsal), to
+            # this process, which hands it to the script.
+            env[protocol.LOCAL_REHEARSAL_VAR] = rehearsed[0]
+            env[protocol.LOCAL_BATCH_PID_VAR] = str(os.getpid())
         env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         log = Path(output_path(opts.batch_log, job_id, 0, 0, 0, opts.job_name))
-        stop = signal.Signals[f"SIG{opts.signal}"]
         with log.open("a") as out:
-            status, ended = _run_script(opts.script, opts.submit_dir, env, out, stop,
-                                        opts.signal_after[restart:restart + 1])  # fmt: skip
+            status, ended = _run_script(opts.script, opts.submit_dir, env, out)
         requeued = (state / _REQUEUED_FILE).exists()
     finally:
         shutil.rmtree(state, ignore_errors=True)
@@ -293,8 +300,7 @@ def batch(argv: Sequence[str]) -> int:
     return status
 
 
-def _run_script(script: str, cwd: str, env: dict[str, str], out: object, stop: signal.Signals,
-                signal_after: Sequence[float]) -> tuple[int, bool]:  # fmt: skip
+def _run_script(script: str, cwd: str, env: dict[str, str], out: object) -> tuple[int, bool]:
     """Run the batch script, in a session of its own; (its exit status, whether it ended
     without the job being ended from outside)."""
     proc = subprocess.Popen([script], cwd=cwd or None, env=env, stdout=out,  # type: ignore[call-overload]
@@ -315,10 +321,6 @@ def _run_script(script: str, cwd: str, env: dict[str, str], out: object, stop: s
         signal.signal(sig, warn)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, end)
-    for seconds in signal_after:  # a rehearsed preemption: the warning, S seconds in
-        timer = threading.Timer(seconds, warn, (stop, None))
-        timer.daemon = True
-        timer.start()
     status = proc.wait()
     return (status if status >= 0 else 128 - status), not ended_from_outside.is_set()
 

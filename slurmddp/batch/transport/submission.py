@@ -32,6 +32,7 @@ from slurmddp.batch.spec.jobspec import JobSpec, SpecError
 from slurmddp.batch.transport import snapshot
 from slurmddp.errors import SubmissionError, UserError
 from slurmddp.files import make_dirs
+from slurmddp.preemption import rehearsal
 
 # submitit's private API, used on purpose: submitit submits only pickled functions through its
 # own batch script (`submit`, or a `CommandFunction` run by its Python wrapper, buffered), and has
@@ -55,20 +56,23 @@ class _TemplateExecutor(submitit.SlurmExecutor):
         return self._script
 
 
-def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float] = (),
+def submit(spec: JobSpec, *, local: bool = False, signal_after: Sequence[float | str] = (),
            template: Path | None = None, code_from: Path | None = None) -> jobs.JobRecord:
     """Submit `spec`; the job's record, as the registry keeps it (its state, logs, wait and
     cancel: `slurmddp.batch.jobs.JobRecord`).
 
     `template`: the user's batch script template, else the shipped one (a local job runs it
-    too), rendered once, here. `signal_after` (local only): seconds into each run to send the
-    stop signal to the batch script, one per run. With `spec.snapshot` (and no `code_dir` yet)
-    the job runs a snapshot of its code taken here, first (`slurmddp.batch.transport.snapshot`): of
-    `code_from` when given (the directory a function's job imports it from), else of the
-    target's.
+    too), rendered once, here. `signal_after` (local only): when to send each run's batch script
+    the stop signal, one value per run: seconds after its first step, or "Nsteps" (its N-th).
+    With `spec.snapshot` (and no `code_dir` yet) the job runs a snapshot of its code taken here,
+    first (`slurmddp.batch.transport.snapshot`): of `code_from` when given (the directory a
+    function's job imports it from), else of the target's.
     """
     if local and (problem := emulation.local_problem(spec)) is not None:
         raise SpecError(f"--local: {problem}")  # before anything is made
+    if bad := [s for s in signal_after if rehearsal.parse(str(s)) is None]:
+        raise SpecError(f"signal_after: {bad[0]!r} is neither seconds nor steps: give e.g. 20 "
+                        "(seconds after a run's first step) or '50steps'")  # fmt: skip
     created = _make_output_dir(Path(spec.output_dir))  # sbatch needs the batch log's directory
     taken = None
     try:
@@ -141,7 +145,7 @@ def _submit_slurm(spec: JobSpec, script: str) -> str:
         raise SubmissionError(f"sbatch refused the job: {verdict}") from None
 
 
-def _submit_local(ctx: Context, text: str, signal_after: Sequence[float]) -> str:
+def _submit_local(ctx: Context, text: str, signal_after: Sequence[float | str]) -> str:
     """Run the job's batch script on this machine (`slurmddp.batch.local.emulation`), as one task of
     submitit's LocalExecutor, whose controller warns it before the time limit and starts it again
     when it was requeued; the job's id (the controller's pid)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import itertools
+import json
 import os
 import pwd
 import subprocess
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmddp.batch import jobs
-from slurmddp.batch.jobs import status
+from slurmddp.batch.jobs import following, status
 
 
 def record(tmp_path, **kw) -> jobs.JobRecord:
@@ -58,7 +60,31 @@ def test_local_state_reads_the_batch_scripts_exit_file(tmp_path):
     assert jobs.local_state(record(tmp_path, job_id=str(os.getpid()))) == "RUNNING"
 
 
-def test_follow_prints_state_changes_and_the_log_until_the_end(tmp_path):
+class FakeClock:
+    """Time for `follow` and `wait_until_final`: a sleep passes at once and is noted."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 1000.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    time = monotonic
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr("slurmddp.batch.jobs.following.time", fake)
+    monkeypatch.setattr("slurmddp.batch.jobs.status.time", fake)
+    return fake
+
+
+def test_follow_prints_state_changes_and_the_log_until_the_end(tmp_path, clock):
     r = record(tmp_path)
     log = r.log(0)
     states = iter(["PENDING", "RUNNING", "RUNNING", "COMPLETED"])
@@ -71,14 +97,14 @@ def test_follow_prints_state_changes_and_the_log_until_the_end(tmp_path):
         return s
 
     out = io.StringIO()
-    assert jobs.follow(r, state, out, poll_s=0.01, max_poll_s=0.01) == "COMPLETED"
+    assert jobs.follow(r, state, out) == "COMPLETED"
     assert out.getvalue() == (
         "[slurmddp] job 77: PENDING\n[slurmddp] job 77: RUNNING\nstep\nstep\n"
         "[slurmddp] job 77: COMPLETED\n"
     )
 
 
-def test_follow_prints_the_logs_last_lines_before_the_final_state(tmp_path):
+def test_follow_prints_the_logs_last_lines_before_the_final_state(tmp_path, clock):
     r = record(tmp_path)
     log = r.log(0)
     log.write_text("step 1\n")
@@ -90,7 +116,7 @@ def test_follow_prints_the_logs_last_lines_before_the_final_state(tmp_path):
         return "COMPLETED"
 
     out = io.StringIO()
-    assert jobs.follow(r, state, out, poll_s=0.01, settle_s=0.01) == "COMPLETED"
+    assert jobs.follow(r, state, out) == "COMPLETED"
     assert out.getvalue() == (
         "step 1\nstep 2\nparameters identical on all ranks: True\n[slurmddp] job 77: COMPLETED\n"
     )
@@ -111,17 +137,106 @@ def test_follow_waits_for_lines_that_land_just_after_the_state_changed(tmp_path)
     assert out.getvalue() == "last line\n[slurmddp] job 77: FAILED\n"
 
 
-def test_follow_of_an_array_shows_its_tasks_counts(tmp_path):
+def test_follow_of_an_array_shows_its_tasks_counts(tmp_path, clock):
     r = record(tmp_path, engine="slurm")
     states = iter(["PENDING 3", "RUNNING 2, PENDING 1", "RUNNING 2, PENDING 1", "COMPLETED 3"])
     out = io.StringIO()
-    assert jobs.follow(r, lambda: next(states), out, poll_s=0.01, max_poll_s=0.01) == "COMPLETED"
+    assert jobs.follow(r, lambda: next(states), out) == "COMPLETED"
     assert out.getvalue() == ("[slurmddp] job 77: PENDING 3\n[slurmddp] job 77: RUNNING 2, "
                               "PENDING 1\n[slurmddp] job 77: COMPLETED 3\n")  # fmt: skip
     failed = iter(["RUNNING 1, COMPLETED 1", "FAILED 1, COMPLETED 1"])
-    assert jobs.follow(r, lambda: next(failed), io.StringIO(), poll_s=0.01) == (
+    assert jobs.follow(r, lambda: next(failed), io.StringIO()) == (
         "FAILED 1, COMPLETED 1"
     )
+
+
+def write_events(r: jobs.JobRecord, *told: dict) -> None:
+    r.events_path.parent.mkdir(parents=True, exist_ok=True)
+    with r.events_path.open("a") as f:
+        for e in told:
+            f.write(json.dumps({"t": 1000.0, "run": 0, **e}) + "\n")
+
+
+def test_follow_interleaves_the_jobs_events_with_the_log_and_ends_with_its_summary(
+        tmp_path, clock):  # fmt: skip
+    r = record(tmp_path, engine="slurm")
+    log = r.log(0)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    script = iter([  # what the job adds to its rank 0's log and its events by each ask
+        ("", [{"kind": "run", "nodes": "n[1-2]"}, {"kind": "training"}]),
+        ("step 1\nstopped at step 5\n", [
+            {"kind": "stop", "signal": "USR2", "step": 5, "calls": 5},
+            {"kind": "decision", "action": "requeue", "requeue": 1, "allowed": 3,
+             "cause": "preempted"}]),
+        ("", [{"kind": "run", "run": 1, "nodes": "n[2-3]"},
+              {"kind": "resumed", "run": 1, "step": 5, "source": "/c/step-5"}]),
+        ("done\n", [{"kind": "done", "run": 1, "step": 8, "calls": 3},
+                    {"kind": "decision", "run": 1, "action": "done", "cause": "finished"}]),
+    ])  # fmt: skip
+    states = []
+
+    def state() -> str:  # each ask, the job gets a little further
+        lines, told = next(script, ("", []))
+        with log.open("a") as f:
+            f.write(lines)
+        write_events(r, *told)
+        states.append("COMPLETED" if len(states) >= 5 else "RUNNING")
+        return states[-1]
+
+    out = io.StringIO()
+    assert jobs.follow(r, state, out) == "COMPLETED"
+    said = out.getvalue().replace("[slurmddp] job 77: ", "")
+    assert said.splitlines() == [
+        "RUNNING", "run 1 started on n[1-2]", "step 1", "stopped at step 5",
+        "stop requested (USR2 received): every rank stops after step 5",
+        "requeued (1 of 3): preempted", "run 2 started on n[2-3]",
+        "resumed at step 5 from /c/step-5", "done", "the work is done (step 8)",
+        "run 2 ended: finished (exit status None)",
+        "2 runs, 1 requeue, 8 steps, 0 s from start to end",
+        "steps lost: none; time lost: none",
+        "goodput: unknown (no step rate: no run counted two steps apart in time)",
+        "COMPLETED"]  # fmt: skip
+
+
+def test_a_follow_backs_off_for_an_hour_then_reports_the_end_within_a_second(tmp_path, clock):
+    # While the job's events flow, Slurm is asked at most every FOLLOWED_POLL_S; once the last
+    # run's decision is in them, every FIRST_POLL_S until Slurm says the end (2 s later here).
+    r = record(tmp_path, engine="slurm")
+    write_events(r, {"kind": "run"}, {"kind": "training"})
+    asked: list[float] = []
+    ended_at: list[float] = []
+
+    def state() -> str:
+        asked.append(clock.now)
+        if clock.now - 1000 > 3600 and not ended_at:
+            write_events(r, {"kind": "decision", "action": "finished", "cause": "finished"})
+            ended_at.append(clock.now)
+        return "COMPLETED" if ended_at and clock.now - ended_at[0] >= 2 else "RUNNING"
+
+    assert jobs.follow(r, state, io.StringIO(), settle_s=0) == "COMPLETED"
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert len([a for a in asked if a - 1000 <= 3600]) <= 3600 / following.FOLLOWED_POLL_S + 10
+    assert max(gaps) <= following.FOLLOWED_POLL_S + status.TICK_S
+    after = [b - a for a, b in itertools.pairwise(asked) if a >= ended_at[0]]
+    assert after and max(after) <= status.FIRST_POLL_S + status.TICK_S
+    assert asked[-1] - ended_at[0] <= 2 + status.FIRST_POLL_S + status.TICK_S
+
+
+def test_a_records_wait_asks_often_once_its_events_say_the_end(tmp_path, clock):
+    r = record(tmp_path, engine="slurm")
+    write_events(r, {"kind": "run"})
+    asked: list[float] = []
+
+    def state() -> str:
+        asked.append(clock.now)
+        if len(asked) == 12:
+            write_events(r, {"kind": "decision", "action": "fail", "cause": "crash"})
+        return "FAILED" if len(asked) == 16 else "RUNNING"
+
+    assert status.wait_until_final(state, None, "job 77", r.ending()) == "FAILED"
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert max(gaps[:10]) == status.MAX_POLL_S  # backed off
+    assert max(gaps[11:]) <= status.FIRST_POLL_S + status.TICK_S  # then fast, to the end
 
 
 # ---- Slurm's clients, faked: each executable appends its argv to calls.log ----------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ def test_submit_follow_runs_to_completion_with_a_log_per_rank(slurm_cluster, tmp
     assert r.returncode == 0, r.stdout + r.stderr
     job = submitted(r)
     # RUNNING may fall between two polls (sacct can learn of the start late); the end may not.
-    states = [x.rsplit(": ", 1)[1] for x in r.stdout.splitlines() if x.startswith("[slurmddp]")]
+    states = follow_states(r.stdout, job["job_id"])
     assert states[-1] == "COMPLETED", r.stdout
     assert set(states) <= {"PENDING", "RUNNING", "COMPLETING", "COMPLETED"}, states
     assert "parameters identical on all ranks: True" in r.stdout  # rank 0's log, streamed
@@ -236,8 +237,15 @@ ARRAY_TASK = "import os, time\nprint('task', os.environ['SLURM_ARRAY_TASK_ID'], 
 
 
 def follow_states(stdout: str, job_id: str) -> list[str]:
-    return [x.split(": ", 1)[1] for x in stdout.splitlines()
+    """The states a follow printed (its other lines of its own are the job's story)."""
+    said = [x.split(": ", 1)[1] for x in stdout.splitlines()
             if x.startswith(f"[slurmddp] job {job_id}: ")]  # fmt: skip
+    return [s for s in said if re.fullmatch(r"[A-Z_]+( \d+)?(, [A-Z_]+ \d+)*", s)]
+
+
+def log_lines(stdout: str) -> list[str]:
+    """What a follow printed of the job's log: every line not its own."""
+    return [x for x in stdout.splitlines() if not x.startswith("[slurmddp] ")]
 
 
 def test_an_array_job_is_followed_and_shown_with_its_tasks_counted(slurm_cluster, tmp_path):
@@ -289,7 +297,8 @@ def test_follow_prints_the_logs_last_lines_before_the_final_state(slurm_cluster,
     job = submitted(r)
     lines = r.stdout.splitlines()
     assert lines[-1] == f"[slurmddp] job {job['job_id']}: COMPLETED", lines[-5:]
-    assert lines[-2] == "LAST LINE"
+    # Every line of the log is there, its last one last, before the final state.
+    assert log_lines(r.stdout)[-1] == "LAST LINE"
     assert [x for x in lines if x.startswith("line ")] == [f"line {i}" for i in range(3000)]
 
 
@@ -320,10 +329,9 @@ def test_without_accounting_status_and_follow_ask_the_controller(slurm_cluster, 
     script.with_name("plain.py").write_text("print('plain', flush=True)\n")
     plain = run("submit", "--follow", "--json", str(script.with_name("plain.py")))
     assert plain.returncode == 0, plain.stdout + plain.stderr
-    assert plain.stdout.splitlines()[-2:] == [
-        "plain",
-        f"[slurmddp] job {submitted(plain)['job_id']}: COMPLETED",
-    ]
+    assert log_lines(plain.stdout)[-1] == "plain"
+    ended = f"[slurmddp] job {submitted(plain)['job_id']}: COMPLETED"
+    assert plain.stdout.splitlines()[-1] == ended
     said = [x for x in plain.stderr.splitlines() if "states come from the controller" in x]
     assert len(said) == 1 and "accounting storage is disabled" in said[0], plain.stderr
 
