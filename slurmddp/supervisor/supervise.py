@@ -144,10 +144,11 @@ class Supervisor:
         for line in verdict.lines:
             _say(line)
         verdict = slurm.carry_out(verdict, facts, run.job_id, self.environ, _say)
+        counted = {"requeue": facts.restart + 1, "allowed": facts.allowed} \
+            if verdict.action == "requeue" else {}  # fmt: skip
         events.emit("decision", self.environ, action=verdict.action, status=verdict.status,
-                    cause=decision.cause(facts, verdict), requeue=facts.restart + 1,
-                    allowed=facts.allowed, left_behind=verdict.left_behind,
-                    lines=list(verdict.lines))  # fmt: skip
+                    cause=decision.cause(facts, verdict), left_behind=verdict.left_behind,
+                    lines=list(verdict.lines), **counted)  # fmt: skip
         done = self.environ.get(protocol.DONE_FILE_VAR)
         if verdict.action == "finished" and done:
             Path(done).touch()  # a requeue racing this exit must not run the job again
