@@ -12,6 +12,7 @@ from benchmarks import (
     data_loading,
     elastic_recovery,
     first_collective,
+    goodput,
     hostlist_speed,
     preemption_turnaround,
     rendezvous_scale,
@@ -32,20 +33,26 @@ BENCHMARKS = {
     "data": lambda o: data_loading.run(repeats=o.repeats),
     "scale": lambda o: rendezvous_scale.run(repeats=o.repeats),
     "snapshot": lambda o: snapshot.run(o.repeats, device=o.device),
+    # About an hour of the local cluster: run when asked by name, not with the others.
+    "goodput": lambda o: goodput.run(steps=o.steps),
 }
+ASKED_ONLY = ("goodput",)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks")
     p.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], metavar="NAME",
-                   help=f"which to run: {', '.join(BENCHMARKS)} (default: all)")  # fmt: skip
+                   help=f"which to run: {', '.join(BENCHMARKS)} (default: all but "
+                        f"{', '.join(ASKED_ONLY)})")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--size-mib", type=int, default=1024, help="checkpoint size")
     p.add_argument("--device", default="cpu",
                    help="checkpoint, snapshot: where the state lives, cpu or cuda")  # fmt: skip
+    p.add_argument("--steps", type=int, default=1500, help="goodput: the training's steps")
     p.add_argument("--json", type=Path, default=Path("benchmarks/results.json"))
     opts = p.parse_args()
-    rows = [row for name in (opts.names or BENCHMARKS) for row in BENCHMARKS[name](opts)]
+    names = opts.names or [n for n in BENCHMARKS if n not in ASKED_ONLY]
+    rows = [row for name in names for row in BENCHMARKS[name](opts)]
     print(render(rows))
     dump(rows, opts.json)
     print(f"\nwritten to {opts.json}")

@@ -112,7 +112,7 @@ def _tell(progress: dict[int, Progress], told: dict[int, int]) -> dict[int, int]
     """Each rank's count, for the job's story (its steps per second over time), when one
     changed; each rank's node the first time."""
     counts = {rank: p.count for rank, p in progress.items()}
-    if counts and counts != told:
+    if any(counts.values()) and counts != told:  # nothing before the first step
         nodes = {} if told else {str(rank): p.node for rank, p in progress.items()}
         events.emit("progress", counts={str(r): c for r, c in counts.items()},
                     **({"nodes": nodes} if nodes else {}))  # fmt: skip

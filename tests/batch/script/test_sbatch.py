@@ -731,7 +731,11 @@ def test_rendered_script_runs_on_the_cluster(slurm_cluster, tmp_path, launcher):
     else:  # one torchrun per node, its two workers' lines tagged with their rank
         names = ["node-0.log", "node-1.log"]
         per_file = [[0, 1], [2, 3]]
-    assert sorted(p.name for p in job_dir.iterdir()) == sorted([*names, "done"])
+    assert sorted(p.name for p in job_dir.iterdir()) == sorted([*names, "done", "events.jsonl"])
+    # The job's story: one run, started on both nodes, finished.
+    told = [json.loads(line) for line in (job_dir / "events.jsonl").read_text().splitlines()]
+    run, ended = [e for e in told if e["kind"] in ("run", "decision")]
+    assert run["kind"] == "run" and run["nodes"] and ended["action"] == "finished"
     shown = [tagged_json((job_dir / name).read_text(), "SHOW ") for name in names]
     # torchrun's rendezvous, not Slurm's node order, decides which node runs ranks 0 and 1.
     assert sorted(sorted(s["rank"] for s in file) for file in shown) == per_file
