@@ -30,8 +30,9 @@ dependency chain) would; its time counts.
 Goodput: the node-time that trained the steps kept, over the node-time held: the undisturbed
 run's seconds a step x the steps x the 2 training nodes, over each run's time on its nodes x
 their count (``sacct --duplicates``: every run of every submission). Time to completion: from the
-first submission to the last step. Each row also says where the time went: the seconds from
-each fault to the first step after it.
+first submission to the last step. Each variant also says where its time went: each fault's
+outage, the longest time between two steps from it to the next fault ("never": it did not train
+again).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import itertools
+import json
 import os
 import re
 import shlex
@@ -59,7 +62,8 @@ TRAIN = PROGRAMS / "goodput_train.py"
 NODES = 2  # that train
 TIME_LIMIT_MIN = 15
 SIGNAL_LEAD_S = 60
-GIVE_UP_S = 45 * 60  # a variant still not done by then is cancelled, and reported so
+GIVE_UP_S = 30 * 60  # a variant still not done by then is cancelled, and reported so
+MAX_SUBMISSIONS = 6
 
 # (seconds from the first step, fault)
 SCHEDULE = ((20, "preempted"), (60, "preempted"), (100, "time limit"), (150, "node killed"),
@@ -161,12 +165,12 @@ def _lightning(run: Run) -> str:
 
 VARIANTS: dict[str, Callable[[Run], str]] = {
     "slurmddp": _slurmddp(),
+    "sbatch --requeue + torchrun --max-restarts": _torchrun,
+    "submitit Checkpointable": _submitit,
+    "Lightning SLURMEnvironment": _lightning,
     "slurmddp, a spare node": _slurmddp("--launcher", "torchrun", "--spare-nodes", "1",
                                         "--max-restarts", "3"),
     "slurmddp, snapshots": _slurmddp(snapshot_every=10),
-    "submitit Checkpointable": _submitit,
-    "sbatch --requeue + torchrun --max-restarts": _torchrun,
-    "Lightning SLURMEnvironment": _lightning,
 }
 PEERS = ("submitit Checkpointable", "sbatch --requeue + torchrun --max-restarts",
          "Lightning SLURMEnvironment")  # fmt: skip
@@ -222,16 +226,19 @@ def _rank_process(run: Run, job: str, nodes: list[str]) -> tuple[str, int] | Non
     return None
 
 
-def hit(run: Run, fault: str) -> None:
-    """Apply `fault` to the run's job now running."""
+def hit(run: Run, fault: str) -> float:
+    """Apply `fault` to the run's job now running; when it hit."""
     job = run.jobs[-1]
+    at = time.time()
     shown = _show(run.env, job)
     nodes = _nodes(run.env, shown.get("NodeList", ""))
     if fault == "preempted":
+        # Whole nodes: a job that fits beside the training would not preempt it.
         urgent = subprocess.run(
-            ["sbatch", "--parsable", "-p", "urgent", "-N", str(len(nodes)), "-w", ",".join(nodes),
-             "--wrap", "sleep 10", f"--output={run.work}/urgent-%j.txt"], env=run.env,
-            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+            ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-N", str(len(nodes)), "-w",
+             ",".join(nodes), "--wrap", "sleep 10", f"--output={run.work}/urgent-%j.txt"],
+            env=run.env, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        time.sleep(2)  # scontrol knows it by then
         _wait(lambda: _state(run.env, urgent) in FINAL, 300, "the urgent job's end")
     elif fault == "time limit":
         run_time = _seconds(shown.get("RunTime", "0:0"))
@@ -246,6 +253,7 @@ def hit(run: Run, fault: str) -> None:
     elif fault in ("hang", "crash"):
         _, pid = _wait(lambda: _rank_process(run, job, nodes), 30, "a rank process")
         os.kill(pid, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
+    return at
 
 
 def _node_back(run: Run) -> None:
@@ -301,6 +309,8 @@ def through(run: Run, submit: Callable[[Run], str]) -> Run:
         if run.done() and state in FINAL:
             return run
         if state in FINAL and not run.done():
+            if len(run.jobs) > MAX_SUBMISSIONS:
+                break  # no use: it fails by itself (its logs say why)
             run.jobs.append(submit(run))  # a user submits it again
             restored = True
             continue
@@ -310,9 +320,9 @@ def through(run: Run, submit: Callable[[Run], str]) -> Run:
         if pending and first is not None and state == "RUNNING":
             at, fault = pending[0]
             if training_since > max(first + at, last_fault) and time.time() >= first + at:
-                hit(run, fault)
+                at = hit(run, fault)
                 last_fault = time.time()
-                run.recovered.append((fault, last_fault))
+                run.recovered.append((fault, at))
                 restored = fault != "time limit"
                 pending.pop(0)
         time.sleep(0.5)
@@ -332,34 +342,47 @@ def measure(name: str, env: dict[str, str], steps: int, faults: bool) -> dict[st
         held = _held_node_seconds(env, run.jobs)
         reached = max((n for n, _ in progress), default=0)
         ended = progress[-1][1] if progress else time.time()
-        lost = []  # from each fault to the first step after it
-        for fault, at in run.recovered:
-            after = next((t for _, t in progress if t > at), None)
-            lost.append((fault, None if after is None else after - at))
+        lost = []  # each fault's outage: the longest time between two steps until the next fault
+        hits = [at for _, at in run.recovered] + [float("inf")]
+        for (fault, at), until in zip(run.recovered, hits[1:], strict=False):
+            times = [t for _, t in progress if at - 5 <= t < until]
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            lost.append((fault, max(gaps) if gaps and times[-1] > at else None))
         return {"name": name, "held": held, "reached": reached, "done": run.done(),
                 "completion": ended - run.submitted, "jobs": len(run.jobs), "lost": lost,
                 "seconds_per_step": _pace(progress)}  # fmt: skip
 
 
 def _pace(progress: list[tuple[int, float]]) -> float | None:
-    """Seconds a step in the longest stretch without a fault (the undisturbed run: all of it)."""
-    if len(progress) < 2:
-        return None
-    (n0, t0), (n1, t1) = progress[0], progress[-1]
-    return (t1 - t0) / (n1 - n0) if n1 > n0 else None
+    """Seconds a step while it trains: the median over consecutive STEP lines of one stretch
+    (an outage, a redone step, a restart left out)."""
+    paces = sorted((t1 - t0) / (n1 - n0) for (n0, t0), (n1, t1) in itertools.pairwise(progress)
+                   if n1 > n0)  # fmt: skip
+    return paces[len(paces) // 2] if paces else None
 
 
-def run(names: list[str] | None = None, steps: int = 1500) -> list[Row]:
+def run(names: list[str] | None = None, steps: int = 1500,
+        keep: Path | None = None) -> list[Row]:  # fmt: skip
+    """The rows; each variant's measurement is also appended to `keep` (JSON lines) as it ends."""
     env = cluster_env()
-    baseline = measure("slurmddp", env, steps, faults=False)
-    pace = baseline["seconds_per_step"]
-    assert isinstance(pace, float), baseline
+
+    def measured(name: str, faults: bool) -> dict[str, object]:
+        m = measure(name, env, steps, faults)
+        print(f"measured {name} (faults: {faults}): {m}", flush=True)
+        if keep is not None:
+            with keep.open("a") as f:
+                f.write(json.dumps(m | {"faults": faults}) + "\n")
+        return m
 
     def goodput(m: dict[str, object]) -> float:
+        """Each run's steps at its own pace while it trains: the time the steps took undisturbed
+        (a tool's per-step cost is the training benchmark's), over the node-time held."""
+        pace = float(m["seconds_per_step"])  # type: ignore[arg-type]
         return pace * int(m["reached"]) * NODES / float(m["held"])  # type: ignore[arg-type]
 
+    baseline = measured("slurmddp", faults=False)
     clean = goodput(baseline)
-    results = {name: measure(name, env, steps, faults=True) for name in names or VARIANTS}
+    results = {name: measured(name, faults=True) for name in names or VARIANTS}
     rows = []
     for name, m in results.items():
         said = ", ".join(f"{f} {s:.0f} s" if s is not None else f"{f} never"
@@ -384,8 +407,9 @@ def main() -> None:
                    help=f"one of: {'; '.join(VARIANTS)} (default: all)")  # fmt: skip
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--json", type=Path)
+    p.add_argument("--keep", type=Path, help="append each variant's measurement here (JSON lines)")
     opts = p.parse_args()
-    report(run(opts.only, opts.steps), opts.json)
+    report(run(opts.only, opts.steps, opts.keep), opts.json)
 
 
 if __name__ == "__main__":

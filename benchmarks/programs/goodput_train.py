@@ -90,8 +90,7 @@ def with_slurmddp(args: argparse.Namespace) -> None:
 
     slurmddp.init("gloo")
     model, opt = model_and_optimizer()
-    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2,
-                                 snapshot_every=args.snapshot_every or None)  # fmt: skip
+    ckpt = slurmddp.Checkpointer(args.checkpoint_dir, keep=2, snapshot_every=args.snapshot_every)
 
     def state() -> dict:
         return {"model": model.module.state_dict(), "opt": opt.state_dict()}
