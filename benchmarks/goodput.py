@@ -55,6 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.cluster import ROOT, cluster_env, job_processes, lose_node
+from benchmarks.preemption_turnaround import _wait
 from benchmarks.table import Row, report
 
 PROGRAMS = ROOT / "benchmarks" / "programs"
@@ -269,16 +270,6 @@ def _seconds(text: str) -> float:
     while len(parts) < 3:
         parts.insert(0, 0)
     return int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(f"no {what} within {timeout:.0f} s")
 
 
 # ---- one variant through the schedule -------------------------------------------------------
