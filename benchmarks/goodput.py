@@ -1,7 +1,7 @@
 """Goodput under one fault schedule: slurmddp against what users would pick instead.
 
     python -m benchmarks goodput                      # every variant: about an hour
-    python -m benchmarks.goodput [--only NAME ...] [--steps N] [--json PATH]
+    python -m benchmarks.goodput [--only NAME ...] [--steps N] [--spread K] [--json PATH]
 
 One training (goodput_train.py: 2 nodes x 1 rank, gloo, --steps steps of 0.1 s each, 150 s
 undisturbed at the default 1500) runs under each tool on the local cluster, and the same faults
@@ -24,8 +24,10 @@ snapshots every 10 steps; against them, as each documents itself: submitit's Che
 (torch.save every 100 steps, requeued by submitit on the signal), ``sbatch --requeue`` with
 ``torchrun --max-restarts 3`` (torch.save every 100 steps), and Lightning's SLURMEnvironment
 auto-requeue (its HPC checkpoint at the signal, a ModelCheckpoint every 100 steps). Every job has
-a 15-minute limit. A job that ends without finishing is submitted again at once, as a user (or a
-dependency chain) would; its time counts.
+a 15-minute limit (twice the undisturbed training where that is longer). ``--spread K``
+multiplies the schedule's times: ``--steps 9000 --spread 3.5`` puts the six faults in 15 minutes of
+training, where the default packs them into 150 s. A job that ends without finishing is submitted
+again at once, as a user (or a dependency chain) would; its time counts.
 
 Goodput: the node-time that trained the steps kept, over the node-time held: the undisturbed
 run's seconds a step x the steps x the 2 training nodes, over each run's time on its nodes x
@@ -61,9 +63,9 @@ from benchmarks.table import Row, report
 PROGRAMS = ROOT / "benchmarks" / "programs"
 TRAIN = PROGRAMS / "goodput_train.py"
 NODES = 2  # that train
-TIME_LIMIT_MIN = 15
+TIME_LIMIT_MIN = 15  # at least; twice the undisturbed training where that is longer
 SIGNAL_LEAD_S = 60
-GIVE_UP_S = 30 * 60  # a variant still not done by then is cancelled, and reported so
+GIVE_UP_S = 30 * 60  # (or two time limits) a variant still not done by then is cancelled
 MAX_SUBMISSIONS = 6
 
 # (seconds from the first step, fault)
@@ -84,6 +86,7 @@ class Run:
     env: dict[str, str]
     steps: int
     faults: bool
+    spread: float = 1.0  # the schedule's times multiplied
     jobs: list[str] = dataclasses.field(default_factory=list)
     submitted: float = 0.0
     recovered: list[tuple[str, float]] = dataclasses.field(default_factory=list)
@@ -102,6 +105,11 @@ class Run:
     def done(self) -> bool:
         return bool(_DONE.search(self.logs()))
 
+    @property
+    def limit_min(self) -> int:
+        """Every job's time limit: 15 minutes, or twice the undisturbed training if longer."""
+        return max(TIME_LIMIT_MIN, -(-self.steps * 2 // 600))
+
 
 # ---- the contenders: each submits the training once more, and returns the job id ---------------
 
@@ -110,7 +118,7 @@ def _slurmddp(*extra: str, snapshot_every: int = 0) -> Callable[[Run], str]:
     def submit(run: Run) -> str:
         out = subprocess.run(
             [sys.executable, "-m", "slurmddp", "submit", "--json", "--partition", "debug",
-             "--nodes", str(NODES), "--ntasks-per-node", "1", "--time", str(TIME_LIMIT_MIN),
+             "--nodes", str(NODES), "--ntasks-per-node", "1", "--time", str(run.limit_min),
              "--signal-lead", str(SIGNAL_LEAD_S), "--hang-timeout", "60", "--max-requeues", "20",
              "--output", str(run.work / "jobs"), "--env", "OMP_NUM_THREADS=1",
              "--env", "SLURMDDP_RUN_ID=goodput", "--no-snapshot", *extra, str(TRAIN),
@@ -126,7 +134,7 @@ def _slurmddp(*extra: str, snapshot_every: int = 0) -> Callable[[Run], str]:
 def _submitit(run: Run) -> str:
     out = subprocess.run(
         [sys.executable, str(PROGRAMS / "goodput_submitit.py"), str(run.work / "submitit"),
-         "--nodes", str(NODES), "--time-min", str(TIME_LIMIT_MIN), "--signal-lead",
+         "--nodes", str(NODES), "--time-min", str(run.limit_min), "--signal-lead",
          str(SIGNAL_LEAD_S), "--", "--steps", str(run.steps), "--checkpoint-dir",
          str(run.work / "ckpt")],
         env=run.env | {"PYTHONPATH": str(PROGRAMS), "OMP_NUM_THREADS": "1"}, cwd=run.work,
@@ -138,7 +146,7 @@ def _sbatch(run: Run, name: str, body: str, *directives: str) -> str:
     script = run.work / f"{name}.sh"
     script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {d}\n" for d in (
         "--partition=debug", f"--nodes={NODES}", "--ntasks-per-node=1",
-        f"--time={TIME_LIMIT_MIN}", "--requeue", f"--output={run.work}/{name}-%j.out",
+        f"--time={run.limit_min}", "--requeue", f"--output={run.work}/{name}-%j.out",
         *directives)) + "export OMP_NUM_THREADS=1\n" + body)  # fmt: skip
     out = subprocess.run(["sbatch", "--parsable", str(script)], env=run.env, cwd=run.work,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
@@ -283,11 +291,11 @@ def through(run: Run, submit: Callable[[Run], str]) -> Run:
     """Submit, apply the schedule (when `run.faults`), resubmit what ends unfinished, to DONE."""
     run.submitted = time.time()
     run.jobs.append(submit(run))
-    pending = list(SCHEDULE) if run.faults else []
+    pending = [(at * run.spread, fault) for at, fault in SCHEDULE] if run.faults else []
     first: float | None = None
     last_fault = 0.0
     restored = True
-    deadline = time.monotonic() + GIVE_UP_S
+    deadline = time.monotonic() + max(GIVE_UP_S, run.limit_min * 120)
     while time.monotonic() < deadline:
         steps = run.progress()
         if first is None and steps:
@@ -295,7 +303,7 @@ def through(run: Run, submit: Callable[[Run], str]) -> Run:
         state = _state(run.env, run.jobs[-1])
         if not restored and state == "PENDING":  # the requeued job gets its limit back
             subprocess.run(["scontrol", "update", f"JobId={run.jobs[-1]}",
-                            f"TimeLimit={TIME_LIMIT_MIN}"], env=run.env, capture_output=True)
+                            f"TimeLimit={run.limit_min}"], env=run.env, capture_output=True)
             restored = True
         if run.done() and state in FINAL:
             return run
@@ -324,9 +332,10 @@ def through(run: Run, submit: Callable[[Run], str]) -> Run:
     return run
 
 
-def measure(name: str, env: dict[str, str], steps: int, faults: bool) -> dict[str, object]:
+def measure(name: str, env: dict[str, str], steps: int, faults: bool,
+            spread: float = 1.0) -> dict[str, object]:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="slurmddp-goodput-") as work:
-        run = through(Run(name, Path(work), env, steps, faults), VARIANTS[name])
+        run = through(Run(name, Path(work), env, steps, faults, spread), VARIANTS[name])
         progress = run.progress()
         _wait(lambda: all(_state(env, j) in FINAL for j in run.jobs), 120, "the jobs' end")
         time.sleep(2)  # accounting records the end a moment later
@@ -352,17 +361,17 @@ def _pace(progress: list[tuple[int, float]]) -> float | None:
     return paces[len(paces) // 2] if paces else None
 
 
-def run(names: list[str] | None = None, steps: int = 1500,
-        keep: Path | None = None) -> list[Row]:  # fmt: skip
+def run(names: list[str] | None = None, steps: int = 1500, keep: Path | None = None,
+        spread: float = 1.0) -> list[Row]:  # fmt: skip
     """The rows; each variant's measurement is also appended to `keep` (JSON lines) as it ends."""
     env = cluster_env()
 
     def measured(name: str, faults: bool) -> dict[str, object]:
-        m = measure(name, env, steps, faults)
+        m = measure(name, env, steps, faults, spread)
         print(f"measured {name} (faults: {faults}): {m}", flush=True)
         if keep is not None:
             with keep.open("a") as f:
-                f.write(json.dumps(m | {"faults": faults}) + "\n")
+                f.write(json.dumps(m | {"faults": faults, "steps": steps, "spread": spread}) + "\n")
         return m
 
     def goodput(m: dict[str, object]) -> float:
@@ -397,10 +406,13 @@ def main() -> None:
     p.add_argument("--only", action="append", choices=list(VARIANTS), metavar="NAME",
                    help=f"one of: {'; '.join(VARIANTS)} (default: all)")  # fmt: skip
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--spread", type=float, default=1.0,
+                   help="the schedule's times multiplied (with --steps 9000 and 3.5: the six "
+                        "faults over 15 minutes of training, the issue's density)")
     p.add_argument("--json", type=Path)
     p.add_argument("--keep", type=Path, help="append each variant's measurement here (JSON lines)")
     opts = p.parse_args()
-    report(run(opts.only, opts.steps, opts.keep), opts.json)
+    report(run(opts.only, opts.steps, opts.keep, opts.spread), opts.json)
 
 
 if __name__ == "__main__":
