@@ -164,6 +164,7 @@ class Cluster:
     path: str  # with the version's Slurm commands first
     etcd: str  # HOST:PORT of the cluster's etcd (v2 API on)
     state_dir: Path  # scripts/slurm-cluster's: configs, logs, the daemons' pid files in run/
+    node_netns: str  # a node's network namespace, "{node}" in it: each node is a host of its own
     version: str = SLURM_VERSION
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -175,6 +176,10 @@ class Cluster:
             argv, env=kw.pop("env", None) or self.env(), capture_output=True, text=True,
             timeout=timeout, **kw,
         )  # fmt: skip
+
+    def on_node(self, node: str) -> list[str]:
+        """The command line's start that runs the rest as a process of `node` (its network)."""
+        return ["nsenter", f"--net={self.node_netns.format(node=node)}", "--"]
 
     def srun(self, srun_args: list[str], command: list[str], **kw) -> subprocess.CompletedProcess:
         return self.run(["srun", "--kill-on-bad-exit=1", *srun_args, *command], **kw)
@@ -231,23 +236,24 @@ def slurm_cluster() -> Cluster:
     up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=900)
     if up.returncode != 0:
         pytest.fail(f"the local Slurm cluster did not come up:\n{up.stdout}\n{up.stderr}")
-    conf, path, etcd, state_dir, ports = cluster_env()
+    conf, path, etcd, state_dir, ports, netns = cluster_env()
     # The clusters share this host with each other and with jobs outside them (scripts/test runs
     # a pass on each at once), so a job whose derived port met another's, or a daemon's, would
     # fail to listen: each cluster's jobs take theirs from a range of its own.
     os.environ.setdefault(PORT_RANGE_VAR, ports)
-    return Cluster(conf, path, etcd, state_dir)
+    return Cluster(conf, path, etcd, state_dir, netns)
 
 
-def cluster_env() -> tuple[str, str, str, Path, str]:
-    """SLURM_CONF, PATH, the etcd endpoint, the state directory and the range of its jobs'
-    ports, from `scripts/slurm-cluster env`."""
+def cluster_env() -> tuple[str, str, str, Path, str, str]:
+    """SLURM_CONF, PATH, the etcd endpoint, the state directory, the range of its jobs' ports and
+    the path of a node's network namespace (``{node}`` in it), from `scripts/slurm-cluster env`."""
     shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf '
-                            '"%s\\n%s\\n%s\\n%s\\n%s" "$SLURM_CONF" "$SLURMDDP_TEST_ETCD" '
-                            f'"$SLURMDDP_TEST_CLUSTER_DIR" "${PORT_RANGE_VAR}" "$PATH"'],
+                            '"%s\\n%s\\n%s\\n%s\\n%s\\n%s" "$SLURM_CONF" "$SLURMDDP_TEST_ETCD" '
+                            f'"$SLURMDDP_TEST_CLUSTER_DIR" "${PORT_RANGE_VAR}" '
+                            '"$SLURMDDP_TEST_NODE_NETNS" "$PATH"'],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
-    conf, etcd, state_dir, ports, path = shown.split("\n", 4)
-    return conf, path, etcd, Path(state_dir), ports
+    conf, etcd, state_dir, ports, netns, path = shown.split("\n", 5)
+    return conf, path, etcd, Path(state_dir), ports, netns
 
 
 # -- a cluster test leaves the cluster as it found it ---------------------------------------------

@@ -26,13 +26,14 @@ The jobs of one row run at once. Times are the issue's behaviour bounds, not ben
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -217,11 +218,30 @@ def test_a_rank_that_never_joins_fails_the_others_after_the_startup_timeout(
 # -- the master port -----------------------------------------------------------------------------
 
 
+# Binds the port given (0: any), says which, and holds it until its stdin closes.
+SQUAT = ("import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); "
+         "s.listen(); print(s.getsockname()[1], flush=True); sys.stdin.read()")
+
+
+@contextlib.contextmanager
+def squatting(cluster) -> Iterator[int]:
+    """One port held on every node (each a host of its own), by a process outside any job."""
+    held: list[subprocess.Popen] = []
+    try:
+        port = 0
+        for node in ("n1", "n2", "n3", "n4"):
+            held.append(subprocess.Popen([*cluster.on_node(node), sys.executable, "-c", SQUAT,
+                                          str(port)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True))  # fmt: skip
+            port = int(held[-1].stdout.readline())  # type: ignore[union-attr]
+        yield port
+    finally:
+        for p in held:
+            p.communicate(timeout=30)
+
+
 def test_a_taken_master_port_fails_at_once_naming_the_port(slurm_cluster, tmp_path):
-    with socket.socket() as squatter:
-        squatter.bind(("0.0.0.0", 0))  # every node of this cluster is this host
-        squatter.listen()
-        port = squatter.getsockname()[1]
+    with squatting(slurm_cluster) as port:
         job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "1",
                      "--env", f"MASTER_PORT={port}", PROGRAM)  # fmt: skip
         end = finished(slurm_cluster, job["job_id"])
