@@ -93,9 +93,18 @@ class Run:
     lost_node: str = ""  # killed, its slurmd not started again yet
 
     def logs(self) -> str:
-        """Every log of every submission (only rank 0 prints STEP and DONE)."""
-        return "".join(p.read_text(errors="replace") for pattern in ("*.out", "*.log")
-                       for p in sorted(self.work.rglob(pattern)) if p.is_file())  # fmt: skip
+        """Every log of every submission (only rank 0 prints STEP and DONE). The checkpoint
+        directory is left out: its rotation removes directories while they are listed (a full
+        schedule's run once died so, in rglob)."""
+        found = []
+        for top, dirs, files in os.walk(self.work):  # errors (a vanished directory) ignored
+            dirs[:] = sorted(d for d in dirs if Path(top, d) != self.work / "ckpt")
+            found += [Path(top, f) for f in files if f.endswith((".out", ".log"))]
+        text = []
+        for path in sorted(found):
+            with contextlib.suppress(OSError):
+                text.append(path.read_text(errors="replace"))
+        return "".join(text)
 
     def progress(self) -> list[tuple[int, float]]:
         """(step, time) of every STEP line printed, by time."""

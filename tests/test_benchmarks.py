@@ -113,3 +113,19 @@ def test_cpu_threads(slurm_cluster):
     # 1 node x 1 rank, not the benchmark's 2 x 2: the same three contenders, a quarter of the
     # processes importing torch.
     check(cpu_threads.run(steps=20, repeats=1, nodes=1, per_node=1))
+
+
+def test_goodput_reads_every_log_but_the_checkpoints(tmp_path):
+    # The run itself takes an hour and a half (`python -m benchmarks goodput`): here, what it
+    # reads of each submission's output (a full schedule's run died listing a checkpoint's
+    # rotation), and the time limit of a stretched schedule.
+    from benchmarks.goodput import Run
+
+    (tmp_path / "jobs" / "7").mkdir(parents=True)
+    (tmp_path / "jobs" / "7" / "rank-0.log").write_text("STEP 100 5.0\n")
+    (tmp_path / "torchrun-8.out").write_text("[0]:STEP 200 9.0\nDONE 200\n")
+    (tmp_path / "ckpt" / "step-100").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step-100" / "x.log").write_text("STEP 999 1.0\n")  # not a log of the run
+    run = Run("slurmddp", tmp_path, {}, 9000, True, spread=3.5)
+    assert run.progress() == [(100, 5.0), (200, 9.0)] and run.done()
+    assert run.limit_min == 30  # twice the 15 minutes of undisturbed training

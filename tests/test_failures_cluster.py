@@ -452,6 +452,22 @@ exec {python} "$@"
 """
 
 
+def test_the_preflight_names_a_master_no_other_node_reaches_in_seconds(slurm_cluster, tmp_path):
+    # n1-mgmt names n1's first interface, which no other node reaches; the start-up timeout,
+    # raised far above the bound, cannot be what ends it.
+    t0 = time.time()
+    job = submit(slurm_cluster, tmp_path, "--nodes", "2", "--ntasks-per-node", "1", "--preflight",
+                 "--env", "SLURMDDP_MASTER_HOST_FORMAT={host}-mgmt", "--env",
+                 "SLURMDDP_STARTUP_TIMEOUT=900", PROGRAM)  # fmt: skip
+    end = finished(slurm_cluster, job["job_id"])
+    batch, ranks = logs(job)
+    assert end["State"] == "FAILED", batch
+    assert ("slurmddp: the first failure a rank reported: rank 1 (host n2) failed: StartupError: "
+            "rank 1 (n2) cannot reach MASTER_ADDR n1-mgmt (10.78.1.1): no route to it.") in batch
+    assert "the preflight failed" in batch and not ranks, batch  # no training step started
+    assert ended_at(job, end) - t0 < 120, batch  # seconds: not the 900 s start-up timeout
+
+
 def test_a_node_that_fails_the_preflight_is_left_behind_before_any_training(slurm_cluster,
                                                                             tmp_path):
     broken, wrapper = tmp_path / "broken", tmp_path / "python"

@@ -51,12 +51,21 @@ HOME = "/home/alice"
 PROJECT = f"{HOME}/project"
 PYTHON = f"{PROJECT}/.venv/bin/python"  # what `sys.executable` is in the rendering CLI
 HOST = "gpu001"  # what `socket.gethostname()` says there
-# The real CLI, as the `slurmddp` console script runs it, with the two machine-specific values
-# fixed (the script names the interpreter that rendered it; doctor names its host).
+# Its network, as doctor sees it: Ethernet and IPoIB; the node names resolve to the Ethernet.
+INTERFACES = [("lo", "127.0.0.1"), ("eth0", "10.1.0.11"), ("ib0", "10.2.0.11")]
+RESOLVES = {"gpu001": "10.1.0.11", "gpu002": "10.1.0.12", "gpu001-ib0": "10.2.0.11",
+            "127.0.0.1": "127.0.0.1"}  # fmt: skip
+# The real CLI, as the `slurmddp` console script runs it, with the machine-specific values fixed
+# (the script names the interpreter that rendered it; doctor names its host and its network: a
+# route to a node's own address leaves from that address).
 BOOT = (
     "import socket, sys; "
     f"sys.executable = {PYTHON!r}; "
     f"socket.gethostname = lambda: {HOST!r}; "
+    "import slurmddp.launch.network as net; "
+    f"net.interfaces = lambda: [net.Interface(*i) for i in {INTERFACES!r}]; "
+    f"net.resolve = {RESOLVES!r}.get; "
+    f"net.route = {{a: a for _, a in {INTERFACES!r}}}.get; "
     "from slurmddp.cli import main; "
     "sys.exit(main())"
 )

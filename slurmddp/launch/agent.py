@@ -27,6 +27,7 @@ from typing import Any
 
 from slurmddp import patches
 from slurmddp.errors import EnvError
+from slurmddp.launch import network
 from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
 from slurmddp.rank.env import derive_port, port_range
@@ -117,6 +118,28 @@ def with_rdzv_conf(argv: Sequence[str], environ: Mapping[str, str], timeout_s: f
     if backend == "c10d" and endpoint and node:
         conf += f",is_host={str(hosts_store(endpoint.rsplit(':', 1)[0], node, environ)).lower()}"
     return [f"--rdzv-conf={conf}", *args]
+
+
+def reach_rendezvous(args: Sequence[str], environ: Mapping[str, str]) -> None:
+    """An agent that does not host torchrun's c10d store fails at once where the endpoint has no
+    address or no route from its node, or once its host stayed silent `network.SILENCE_S`: not
+    after the join timeout."""
+    endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint") or ""
+    backend = _option(args, "--rdzv-backend", "--rdzv_backend") or "static"
+    node = environ.get("SLURMD_NODENAME")
+    host, _, port = endpoint.rpartition(":")
+    if backend != "c10d" or not node or not port.isdigit() or hosts_store(host, node, environ):
+        return
+    address = network.resolve(host)
+    try:
+        if address is None:
+            raise network.Unreachable("it has no address here")
+        network.reach(address, int(port))
+    except network.Unreachable as e:
+        raise SystemExit(f"slurmddp: agent (host {node}): cannot reach torchrun's rendezvous at "
+                         f"{endpoint}{f' ({address})' if address else ''}: {e}; give "
+                         "--rdzv-endpoint a name of the first node on a network every node "
+                         "reaches") from None  # fmt: skip
 
 
 def hosts_store(host: str, node: str, environ: Mapping[str, str]) -> bool:
@@ -248,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     timeout_s = startup_timeout(os.environ)
     args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
                           os.environ, timeout_s)  # fmt: skip
+    reach_rendezvous(args, os.environ)
     # Given first, so that a --log-dir of the user's, later, wins (argparse keeps the last).
     log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     try:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from slurmddp.errors import fail
+from slurmddp.launch import network
 from slurmddp.rank.bootstrap import bootstrap
 from slurmddp.rank.env import DistEnv, EnvError
 
@@ -49,11 +50,16 @@ def main(opts: argparse.Namespace) -> int:
         print(f"{PROG}: warning: {problem}", file=sys.stderr, flush=True)
     if opts.json and opts.check:
         fail("--json shows this rank's values; run --check without it", prog=PROG)
+    host = socket.gethostname()
+    net = network.report(os.environ, host, dist.master_addr)
     if opts.json:
-        print(json.dumps(as_json(dist, socket.gethostname(), problem)), flush=True)
+        print(json.dumps(as_json(dist, host, problem) | {"network": net}), flush=True)
         return 0
     if not opts.check:
-        print(format_env(dist, socket.gethostname()), flush=True)
+        print(format_env(dist, host), format_network(net), sep="\n", flush=True)
+        for line in net["concerns"]:  # type: ignore[attr-defined]
+            print(f"{PROG}: note: rank {dist.rank} on {host}: {line}", file=sys.stderr,
+                  flush=True)  # fmt: skip
         return 0
     return run_checks(dist, opts.backend, opts.timeout)
 
@@ -86,6 +92,17 @@ def format_env(dist: DistEnv, host: str) -> str:
     """The resolved values with their sources, as a small table."""
     lines = [f"rank {dist.rank}/{dist.world_size} on {host} (launcher {dist.launcher})"]
     lines += [f"  {name:<17}{value:<22}{source}" for name, value, source in dist.rows()]
+    return "\n".join(lines)
+
+
+def format_network(net: dict[str, object]) -> str:
+    """`network.report`'s picks and the route to MASTER_ADDR, as rows under `format_env`'s."""
+    master = net["master"]
+    lines = [f"  {'route to master':<17}{master['through'] or '-':<22}"  # type: ignore[index]
+             f"MASTER_ADDR {master['name']} ({master['address'] or 'no address'})"]  # type: ignore[index]
+    for pick in net["picks"]:  # type: ignore[attr-defined]
+        where = f"{pick['interface']} {pick['address']}" if pick["interface"] else "-"
+        lines.append(f"  {pick['library'] + ' interface':<17}{where:<22}{pick['source']}")
     return "\n".join(lines)
 
 

@@ -101,7 +101,7 @@ def _start(torch: Any, td: Any, chosen: placement.Placement, dist: DistEnv,
         td.init_process_group("mpi", **kwargs)  # MPI knows rank and size itself
         return
     gpu = _uuid(torch, chosen.cuda_index) if chosen.backend == "nccl" else None
-    with startup.limited(startup_timeout, gpu=gpu):
+    with startup.limited(startup_timeout, gpu=gpu, backend=chosen.backend):
         td.init_process_group(
             chosen.backend,
             init_method=startup.register(),

@@ -36,6 +36,7 @@ from slurmddp.protocol import (
     NOT_REQUEUED_STATUS,
     USAGE_ERROR,
 )
+from slurmddp.rank import mpi
 from slurmddp.rank.bootstrap import bootstrap, current
 
 PROG = "python -m slurmddp.run"
@@ -101,10 +102,12 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         # 75: stopped for good after a checkpoint (slurmddp.preemption said why), not a failure.
         if e.code not in (None, 0, NOT_REQUEUED_STATUS):
             _note_failure(f"exited with status {e.code if isinstance(e.code, int) else 1}")
+            mpi.abort(e.code if isinstance(e.code, int) else 1)
         return e.code
     except UserError as e:
         report(one_line(e), prog=prog)
         _note_failure(f"failed: {one_line(e)}", echo=False)  # the line above says it already
+        mpi.abort(USAGE_ERROR)
         return USAGE_ERROR
     except Exception as e:
         # First a line that names the rank and its node, so that the job's summary and a grep
@@ -113,6 +116,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
         said_all = (startup.StartupError, errors.NodeCheckError)  # their message says it all
         if not isinstance(e, said_all) or errors.debug():
             traceback.print_exc()
+        mpi.abort(1)
         return 1
     return 0
 

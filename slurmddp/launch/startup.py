@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
 from slurmddp import patches
 from slurmddp.errors import StartupError, UserError, warn
+from slurmddp.launch import network
 from slurmddp.protocol import STARTUP_TIMEOUT_VAR as TIMEOUT_VARIABLE
 from slurmddp.protocol import STORE_SERVER_VAR
 from slurmddp.rank import coordination
@@ -44,15 +45,15 @@ DEFAULT_TIMEOUT_S = 300.0
 _RENDEZVOUS_MODULE = "torch.distributed.rendezvous"
 
 # What `slurmddp.init` gives its one rendezvous (`limited`): (startup_timeout=..., the UUID of
-# the GPU it gave this rank).
-_limits: contextvars.ContextVar[tuple[float | None, str | None]] = contextvars.ContextVar(
-    "slurmddp_startup_limits", default=(None, None))
+# the GPU it gave this rank, the backend).
+_limits: contextvars.ContextVar[tuple[float | None, str | None, str | None]] = (
+    contextvars.ContextVar("slurmddp_startup_limits", default=(None, None, None)))
 _generations = itertools.count(1)  # each rendezvous of this process joins under its own keys
 
 
 def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
     """Seconds a rank waits at the rendezvous for all others: $SLURMDDP_STARTUP_TIMEOUT or 300."""
-    override, _ = _limits.get()
+    override, _, _ = _limits.get()
     if override is not None:
         return override
     text = environ.get(TIMEOUT_VARIABLE, "").strip()
@@ -68,10 +69,12 @@ def startup_timeout(environ: Mapping[str, str] = os.environ) -> float:
 
 
 @contextlib.contextmanager
-def limited(seconds: float | None, gpu: str | None = None) -> Iterator[None]:
-    """Within the block, `startup_timeout` is `seconds` (None: as the environment says), and the
-    rendezvous refuses to start NCCL where another rank holds this rank's GPU (UUID `gpu`)."""
-    token = _limits.set((seconds, gpu))
+def limited(seconds: float | None, gpu: str | None = None,
+            backend: str | None = None) -> Iterator[None]:  # fmt: skip
+    """Within the block, `startup_timeout` is `seconds` (None: as the environment says), the
+    rendezvous refuses to start NCCL where another rank holds this rank's GPU (UUID `gpu`), and
+    it checks the network of `backend` (None: NCCL's where there is a GPU, else gloo's)."""
+    token = _limits.set((seconds, gpu, backend))
     try:
         yield
     finally:
@@ -138,6 +141,45 @@ def join(store: Any, rank: int, world_size: int, timeout_s: float, where: str,
         f"process group (see its log), or its node is slow: raise {TIMEOUT_VARIABLE} if start-up "
         "takes longer"
     )
+
+
+def _reach_master(addr: str, port: int, rank: int) -> None:
+    """Fail at once where MASTER_ADDR has no address or no route from here, and within
+    `network.SILENCE_S` where its host does not answer: not after the start-up timeout."""
+    address = network.resolve(addr)
+    if address is None:
+        raise StartupError(f"rank {rank} ({host_name()}): MASTER_ADDR {addr} has no address "
+                           "here: check the name, or --master-host-format")  # fmt: skip
+    try:
+        network.reach(address, port)
+    except network.Unreachable as e:
+        raise StartupError(
+            f"rank {rank} ({host_name()}) cannot reach MASTER_ADDR {addr} ({address}): {e}. "
+            "It must name the first node on a network every node reaches: see slurmddp doctor "
+            "(route to master), or give --master-host-format (e.g. '{host}-ib0')") from None
+
+
+def _check_network(store: Any, rank: int, world_size: int, limit: datetime.timedelta,
+                   backend: str | None) -> None:  # fmt: skip
+    """Before the process group connects its ranks, each rank connects to the next on another
+    node where `backend`'s library will (`network.probe`); MPI is left to itself."""
+    if world_size < 2:
+        return
+    import torch
+
+    library = network.library_of(backend, torch.cuda.is_available())
+    if library is None:
+        return
+    try:
+        network.probe(store, f"slurmddp/net/{next(_generations)}/", rank, world_size,
+                      host_name(), library, limit, os.environ.get("MASTER_ADDR", ""))  # fmt: skip
+    except RuntimeError as e:  # torch's DistError (a timeout) or a lost connection
+        if isinstance(e, StartupError):
+            raise
+        raise StartupError(
+            f"rank {rank}: the ranks did not all check their network within "
+            f"{limit.total_seconds():g} s ({TIMEOUT_VARIABLE}): a rank failed during start-up "
+            "(see its log)") from e
 
 
 def _claim(store: Any, prefix: str, rank: int, gpu: str) -> None:
@@ -240,9 +282,13 @@ def _bounded(url: str, timeout: datetime.timedelta | None, kwargs: dict[str, Any
         libuv = query.get("use_libuv", os.environ.get("USE_LIBUV", "1")) == "1"
         served = os.environ.get(STORE_SERVER_VAR)
         serving = rank == 0 if served not in ("0", "1") else served == "1"
+        if not serving:
+            _reach_master(addr, port, rank)
         store = open_store(addr, port, rank, world_size, limit, libuv, serving)
         where = f"{addr}:{port}"
-    join(store, rank, world_size, limit, where, gpu=_limits.get()[1], serving=serving)
+    _, gpu, backend = _limits.get()
+    join(store, rank, world_size, limit, where, gpu=gpu, serving=serving)
+    _check_network(store, rank, world_size, datetime.timedelta(seconds=limit), backend)
     store.set_timeout(timeout)
     coordination.record(store, rank, world_size)
     watchdog.arm(rank, world_size)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from typing import Any
+from unittest import mock
 
 import pytest
 
-from slurmddp.launch import agent
+from slurmddp.launch import agent, network
 from slurmddp.launch.agent import with_rdzv_conf, with_rdzv_port
 from slurmddp.rank.env import derive_port
 from tests.conftest import launcher_free_env
@@ -153,3 +154,39 @@ def test_the_agent_leaves_in_tmp_only_what_the_user_asked_torchrun_to_keep(tmp_p
     assert bool(left) == any(tmp.iterdir())
     if "--log-dir" in options:
         assert len(list(mine.rglob("stderr.log"))) == 2
+
+
+# ---- an endpoint the agent cannot reach: one line at once, not the join timeout -------------
+
+
+def _rdzv(endpoint: str, backend: str = "c10d") -> list[str]:
+    return [f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}", "train.py"]
+
+
+@pytest.mark.parametrize(("args", "node"), [
+    (_rdzv("n1:29400"), "n1"),  # this agent hosts the store
+    (_rdzv("n1:29400", backend="static"), "n2"),  # not c10d's store
+    (_rdzv("n1"), "n2"),  # no port (one is derived inside a job)
+    (_rdzv("n1:29400"), None),  # outside a Slurm step
+])  # fmt: skip
+def test_an_agent_that_hosts_no_c10d_store_elsewhere_checks_nothing(args, node):
+    environ = {"SLURMD_NODENAME": node} if node else {}
+    with mock.patch("slurmddp.launch.network.reach", side_effect=AssertionError("dialled")):
+        agent.reach_rendezvous(args, environ)
+
+
+def test_an_endpoint_without_a_route_ends_the_agent_in_one_line():
+    def no_route(address, port):
+        raise network.Unreachable("no route to it")
+
+    with mock.patch("slurmddp.launch.network.reach", no_route), \
+            mock.patch("slurmddp.launch.network.resolve", {"n1-mgmt": "10.78.1.1"}.get), \
+            pytest.raises(SystemExit) as ended:  # fmt: skip
+        agent.reach_rendezvous(_rdzv("n1-mgmt:29400"), {"SLURMD_NODENAME": "n2"})
+    assert str(ended.value) == (
+        "slurmddp: agent (host n2): cannot reach torchrun's rendezvous at n1-mgmt:29400 "
+        "(10.78.1.1): no route to it; give --rdzv-endpoint a name of the first node on a "
+        "network every node reaches")
+    with mock.patch("slurmddp.launch.network.resolve", return_value=None), \
+            pytest.raises(SystemExit, match="at nowhere:29400: it has no address here; give"):
+        agent.reach_rendezvous(_rdzv("nowhere:29400"), {"SLURMD_NODENAME": "n2"})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -183,6 +186,108 @@ def test_doctor_shows_sources(slurm_cluster, python):
     assert r.stdout.count("launcher slurm") == 5
     assert "SLURM_STEP_TASKS_PER_NODE[SLURMD_NODENAME]" in r.stdout
     assert "rule: first host of SLURM_STEP_NODELIST" in r.stdout
+
+
+def test_doctor_names_the_interface_each_library_takes_and_which_one_reaches_master(
+        slurm_cluster, python, tmp_path):  # fmt: skip
+    """Issue 48: each node's first interface (eth0) reaches no other node. NCCL's default takes
+    it, gloo's (the host name's address) takes eth1; so does a GLOO_SOCKET_IFNAME copied from
+    another cluster. The doctor says so on each rank, in one line naming the variable to set."""
+
+    def told(*exports: str) -> list[dict]:
+        # A file a task: srun cuts lines longer than its buffer between the tasks' output.
+        export, out = ",".join(["ALL", *exports]), tmp_path / f"{len(exports)}-%t.json"
+        r = slurm_cluster.srun(["-N2", "-n2", "-w", "n1,n2", f"--export={export}", f"-o{out}"],
+                               [python, "-m", "slurmddp", "doctor", "--json"])  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return [json.loads((tmp_path / f"{len(exports)}-{t}.json").read_text()) for t in (0, 1)]
+
+    for shown in told():
+        net, node = shown["network"], shown["host"]
+        assert [i["name"] for i in net["interfaces"]] == ["lo", "eth0", "eth1"], net
+        assert net["master"] == {"name": "n1", "address": "10.77.0.1", "through": "eth1"}, net
+        assert [(p["library"], p["interface"]) for p in net["picks"]] == [("gloo", "eth1"),
+                                                                        ("NCCL", "eth0")]
+        assert net["concerns"] == [
+            f"NCCL would use eth0 (10.78.{node[1]}.1; NCCL's default: ib*, else the first but lo "
+            f"and docker*), but MASTER_ADDR n1 is reached through eth1 (10.77.0.{node[1]}): if "
+            "its collectives hang, set NCCL_SOCKET_IFNAME=eth1 (submit --env, or a profile's env)"]
+    for shown in told("NCCL_SOCKET_IFNAME=eth1", "GLOO_SOCKET_IFNAME=eth0"):
+        (line,) = shown["network"]["concerns"]
+        assert line.startswith("gloo would use eth0 (10.78.") and line.endswith(
+            "set GLOO_SOCKET_IFNAME=eth1 (submit --env, or a profile's env)"), line
+
+
+# The local cluster's first interface (eth0) reaches no other node: a GLOO_SOCKET_IFNAME copied
+# from another cluster's scripts names it. Without the check the first collective waits for its
+# timeout; the start-up timeout is raised far above the bound so that no timeout can pass it.
+WRONG_INTERFACE = "GLOO_SOCKET_IFNAME=eth0"
+NO_TIMEOUT = "SLURMDDP_STARTUP_TIMEOUT=900"
+FAILS_WITHIN_S = 120  # the promise: seconds (the start of two ranks on a loaded machine), not 900
+NO_ROUTE = re.compile(
+    r"rank [01] \(n[12]\) cannot reach rank [01] \(n[12]\) at 10\.78\.[12]\.1, its eth0, where "
+    r"gloo will connect to it \(GLOO_SOCKET_IFNAME=eth0\): no route to it; set "
+    r"GLOO_SOCKET_IFNAME to an interface every node reaches the others on \(MASTER_ADDR n1 is "
+    r"reached through eth1 here\)")  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "mpirun"])
+def test_an_interface_that_reaches_no_other_node_fails_in_seconds_in_one_line(
+        slurm_cluster, python, tmp_path, launcher):  # fmt: skip
+    t0 = time.monotonic()
+    if launcher == "mpirun":
+        said = batch_job(slurm_cluster, tmp_path, "-N2 --ntasks-per-node=1 -w n1,n2",
+                         f"export {NO_TIMEOUT}\nmpirun {MPIRUN_ON_NODES} -np 2 --map-by node "
+                         f"-x {WRONG_INTERFACE} {python} -m slurmddp.run {PROBE}; echo exit $?")
+        assert not said.endswith("exit 0\n"), said
+    else:
+        command = [python, "-m", "slurmddp.run", PROBE]
+        if launcher == "torchrun":
+            command = [python, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                       "--rdzv-backend=c10d", f"--rdzv-endpoint=n1:{port_range(os.environ)[-2]}",
+                       "--rdzv-id=slurmddp-test", "-m", "slurmddp.run", PROBE]  # fmt: skip
+        r = slurm_cluster.srun(["-N2", "--ntasks-per-node=1", "-w", "n1,n2",
+                                f"--export=ALL,{WRONG_INTERFACE},{NO_TIMEOUT}"], command)
+        assert r.returncode != 0, r.stdout
+        said = r.stderr
+    took = time.monotonic() - t0
+    assert NO_ROUTE.search(said), said
+    assert "PROBE " not in said  # nothing trained
+    assert took < FAILS_WITHIN_S, said
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "mpirun"])
+def test_a_master_no_other_node_can_reach_fails_in_seconds_in_one_line(
+        slurm_cluster, python, tmp_path, launcher):  # fmt: skip
+    # n1-mgmt names n1's first interface, which no other node reaches (no route).
+    formatted = "SLURMDDP_MASTER_HOST_FORMAT={host}-mgmt"
+    t0 = time.monotonic()
+    if launcher == "mpirun":
+        said = batch_job(slurm_cluster, tmp_path, "-N2 --ntasks-per-node=1 -w n1,n2",
+                         f"export {NO_TIMEOUT}\nmpirun {MPIRUN_ON_NODES} -np 2 --map-by node "
+                         f"-x '{formatted}' {python} -m slurmddp.run {PROBE}; echo exit $?")
+        assert not said.endswith("exit 0\n"), said
+    else:
+        command = [python, "-m", "slurmddp.run", PROBE]
+        port = port_range(os.environ)[-2]
+        if launcher == "torchrun":  # the rendezvous is torchrun's, at the endpoint given
+            command = [python, "-m", "slurmddp.agent", "--nnodes=2", "--nproc-per-node=1",
+                       "--rdzv-backend=c10d", f"--rdzv-endpoint=n1-mgmt:{port}",
+                       "--rdzv-id=slurmddp-test", "-m", "slurmddp.run", PROBE]  # fmt: skip
+        r = slurm_cluster.srun(["-N2", "--ntasks-per-node=1", "-w", "n1,n2",
+                                f"--export=ALL,{formatted},{NO_TIMEOUT}"], command)
+        assert r.returncode != 0, r.stdout
+        said = r.stderr
+    took = time.monotonic() - t0
+    if launcher == "torchrun":
+        assert (f"slurmddp: agent (host n2): cannot reach torchrun's rendezvous at n1-mgmt:{port} "
+                "(10.78.1.1): no route to it; give --rdzv-endpoint a name of the first node on a "
+                "network every node reaches") in said, said
+    else:
+        assert ("rank 1 (n2) cannot reach MASTER_ADDR n1-mgmt (10.78.1.1): no route to it. It "
+                "must name the first node on a network every node reaches") in said, said
+    assert "PROBE " not in said
+    assert took < FAILS_WITHIN_S, said
 
 
 # ---- MPI launchers on the cluster ----------------------------------------------------------

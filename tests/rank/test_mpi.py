@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from slurmddp.rank import mpi
 from tests.conftest import PROGRAMS, launcher_free_env, tagged_json
 
 pytestmark = pytest.mark.mpi
@@ -110,3 +111,34 @@ def test_backend_mpi_without_torch_mpi_says_what_works_instead():
     r = run([*MPIRUN, "-np", "1", sys.executable, "-c", code])
     assert r.returncode != 0
     assert "this torch build has no MPI backend" in r.stderr
+
+
+def test_abort_ends_the_mpi_job_only_where_this_process_started_mpi(monkeypatch):
+    called = []
+
+    class World:
+        def Abort(self, status):
+            called.append(status)
+
+    class FakeMPI:
+        COMM_WORLD = World()
+        started, ended = True, False
+
+        @classmethod
+        def Is_initialized(cls):
+            return cls.started
+
+        @classmethod
+        def Is_finalized(cls):
+            return cls.ended
+
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    mpi.abort(1)  # MPI never imported: nothing
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", FakeMPI)
+    FakeMPI.started = False
+    mpi.abort(1)  # imported, never started: nothing
+    FakeMPI.started, FakeMPI.ended = True, True
+    mpi.abort(1)  # already finalized: nothing
+    FakeMPI.ended = False
+    mpi.abort(3)
+    assert called == [3]
