@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from slurmddp.errors import StartupError
+
 GLOO_VAR = "GLOO_SOCKET_IFNAME"
 NCCL_VAR = "NCCL_SOCKET_IFNAME"
 _SIOCGIFADDR = 0x8915
@@ -149,13 +151,11 @@ def report(environ: Mapping[str, str], host: str, master: str | None) -> dict[st
     for ``slurmddp doctor``."""
     found = interfaces()
     chosen = picks(environ, found, resolve(host))
-    master_address = resolve(master) if master else None
-    source = route(master_address) if master_address else None
-    towards = next((i for i in found if i.address == source), None)
+    towards = _route_interface(found, master) if master else None
     concerns = [c for p in chosen if (c := concern(p, master or "", towards))]
     return {"interfaces": [dataclasses.asdict(i) for i in found],
             "picks": [dataclasses.asdict(p) for p in chosen],
-            "master": {"name": master, "address": master_address,
+            "master": {"name": master, "address": resolve(master) if master else None,
                        "through": towards and towards.name},
             "concerns": concerns}  # fmt: skip
 
@@ -215,8 +215,6 @@ def probe(store: Any, prefix: str, rank: int, world_size: int, node: str, librar
     """Every rank listens where `library` will, says where through `store`, and connects to the
     next rank when that one is on another node; all of them then raise the same `StartupError`
     if any could not. One connection a node boundary, one key a rank."""
-    from slurmddp.errors import StartupError
-
     found = interfaces()
     pick = next(p for p in picks(os.environ, found, resolve(node_host())) if p.library == library)
     mine = _listen(pick)
@@ -287,6 +285,7 @@ def _probe_next(store: Any, prefix: str, rank: int, world_size: int, node: str, 
 
 
 def _route_interface(found: Sequence[Interface], master: str) -> Interface | None:
+    """The interface of `found` the kernel sends to `master` through; None without a route."""
     address = resolve(master)
     source = route(address) if address else None
     return next((i for i in found if i.address == source), None)
