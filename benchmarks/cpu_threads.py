@@ -24,7 +24,8 @@ NODES, PER_NODE = 2, 2  # the benchmark's; the test takes a smaller step
 def _commands(steps: int, port: int, nodes: int = NODES,
               per_node: int = PER_NODE) -> dict[str, list[str]]:  # fmt: skip
     py, n = sys.executable, str(steps)
-    srun = ["srun", "--kill-on-bad-exit=1", "-p", "debug", f"-N{nodes}"]
+    # n1 in the step: MASTER_ADDR and the endpoint name it, and each node is a host of its own.
+    srun = ["srun", "--kill-on-bad-exit=1", "-p", "debug", f"-N{nodes}", f"--nodelist=n[1-{nodes}]"]
     by_hand = (f"RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
                f"MASTER_ADDR=n1 MASTER_PORT={port} exec {py} {PROGRAM} --steps {n}")  # fmt: skip
     return {

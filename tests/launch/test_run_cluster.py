@@ -145,8 +145,9 @@ def test_torchrun_per_node_under_srun(slurm_cluster, python):
     torchrun = [python, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=n1:{port}", "--rdzv-id=slurmddp-test",
                 "-m", "slurmddp.run", PROBE]  # fmt: skip
-    r = slurm_cluster.srun(["-N2", "--ntasks-per-node=1"], torchrun, env=slurm_cluster.env(
-        OMP_NUM_THREADS="1"))  # fmt: skip
+    # The endpoint's node in the step: each node is a host of its own.
+    r = slurm_cluster.srun(["-N2", "--ntasks-per-node=1", "-w", "n1,n2"], torchrun,
+                           env=slurm_cluster.env(OMP_NUM_THREADS="1"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     probes = tagged_json(r.stdout, "PROBE ")
     assert len(probes) == 4
