@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+from tests.conftest import EVERY_SLURM
+
+pytestmark = [pytest.mark.cluster, EVERY_SLURM]
 
 # Run by one task on each node: its names and addresses, and what it can reach. A connection to a
 # port nobody serves is refused by a host that can be reached, and fails at once (no route) where
