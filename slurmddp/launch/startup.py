@@ -163,8 +163,8 @@ def _check_network(store: Any, rank: int, world_size: int, limit: datetime.timed
                    backend: str | None) -> None:  # fmt: skip
     """Before the process group connects its ranks, each rank connects to the next on another
     node where `backend`'s library will (`network.probe`); MPI is left to itself."""
-    if world_size < 2:
-        return
+    if world_size < 2 or os.environ.get("LOCAL_WORLD_SIZE") == str(world_size):
+        return  # one node: nothing to cross
     import torch
 
     library = network.library_of(backend, torch.cuda.is_available())
