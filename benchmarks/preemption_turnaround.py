@@ -9,7 +9,7 @@ Slurm uses for ``--signal=B:USR2``). Measured from that moment:
 - checkpoint complete: the `latest` pointer's modification time (it moves last);
 - requeued: Slurm counts the restart (polled every 20 ms);
 - next run's first step: rank 0 of the next run says it resumed. Most of it is Slurm's: a
-  requeued job may start only once its old credential expired (cred_expire=30 s on the local
+  requeued job may start only once its old credential expired (cred_expire, 5 s on the local
   cluster, 120 s by default); the rest is four ranks importing torch on this machine.
 """
 
