@@ -116,24 +116,30 @@ def _left_running(record: JobRecord, last: str) -> str:
 
 def _drain(path: Path, offset: int, out: TextIO, settle_s: float) -> int:
     """Copy what is left of `path`: its last lines can land just after the state changed (a
-    node's file system is behind), so read again until it stops growing (a few rounds at most)."""
+    node's file system is behind), so read again until it stops growing (a few rounds at most);
+    then a last line without its newline, ended by one."""
     for _ in range(5):
         time.sleep(settle_s)
         grown = _copy_new(path, offset, out)
         if grown == offset:
             break
         offset = grown
-    return offset
+    return _copy_new(path, offset, out, whole_lines=False)
 
 
-def _copy_new(path: Path, offset: int, out: TextIO) -> int:
+def _copy_new(path: Path, offset: int, out: TextIO, *, whole_lines: bool = True) -> int:
+    """Copy `path` from `offset` to its last newline (to its end, newline added, unless
+    `whole_lines`): an event printed after it must not cut a line the job is writing in two.
+    The new offset."""
     try:
         with path.open("rb") as f:
             f.seek(offset)
             chunk = f.read()
     except OSError:
         return offset
-    if chunk:
-        out.write(chunk.decode("utf-8", "replace"))
+    taken = chunk.rfind(b"\n") + 1 if whole_lines else len(chunk)
+    text = chunk[:taken].decode("utf-8", "replace")
+    if text:
+        out.write(text if text.endswith("\n") else text + "\n")
         out.flush()
-    return offset + len(chunk)
+    return offset + taken

@@ -137,6 +137,29 @@ def test_follow_waits_for_lines_that_land_just_after_the_state_changed(tmp_path)
     assert out.getvalue() == "last line\n[slurmddp] job 77: FAILED\n"
 
 
+def test_an_event_never_cuts_a_line_the_job_is_writing(tmp_path, clock):
+    r = record(tmp_path, engine="slurm")
+    log = r.log(0)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("line 555\nline 55")  # the job is in the middle of its next line
+    write_events(r, {"kind": "run", "nodes": "n1"})
+    script = iter(["6\nline 557\nno newline at the end", ""])
+
+    def state() -> str:
+        text = next(script, None)
+        if text is None:
+            return "COMPLETED"
+        with log.open("a") as f:
+            f.write(text)
+        return "RUNNING"
+
+    out = io.StringIO()
+    assert jobs.follow(r, state, out, settle_s=0) == "COMPLETED"
+    assert out.getvalue().replace("[slurmddp] job 77: ", "").splitlines()[:6] == [
+        "line 555", "run 1 started on n1", "RUNNING", "line 556", "line 557",
+        "no newline at the end"]  # fmt: skip
+
+
 def test_follow_of_an_array_shows_its_tasks_counts(tmp_path, clock):
     r = record(tmp_path, engine="slurm")
     states = iter(["PENDING 3", "RUNNING 2, PENDING 1", "RUNNING 2, PENDING 1", "COMPLETED 3"])
