@@ -103,6 +103,9 @@ USAGE_ERROR: Final = 2  # bad input: one line says what and what to do
 # Stopped for good without finishing (no requeue left, or nothing requeues it): EX_TEMPFAIL,
 # "try again later", which is what submitting again from the checkpoint does.
 NOT_REQUEUED_STATUS: Final = 75
+# A batch host cut off from slurmctld for SlurmdTimeout ended its own run
+# (slurmddp.supervisor.fence): EX_UNAVAILABLE. Nobody reads it: Slurm has requeued the job by then.
+FENCED_STATUS: Final = 69
 # A rank the hang watchdog ended (coreutils' `timeout` status: no progress in time).
 HANG_STATUS: Final = 124
 # submitit's LocalExecutor starts the tasks again when one exits with this status.

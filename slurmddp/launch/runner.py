@@ -123,8 +123,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int | str | Non
 
 def _note_failure(what: str, *, echo: bool = True) -> None:
     """``slurmddp: rank R (host H) <what>`` on stderr (this rank's log), and appended to
-    $SLURMDDP_FAILURE_FILE where the batch script gave one: its first line is the first rank
-    that failed."""
+    $SLURMDDP_FAILURE_FILE where the batch script gave one, after this run's restart count and a
+    tab: its first line of the run is the first rank that failed. (A rank of an earlier run, on
+    a node whose link comes back after Slurm requeued the job, may write there still.)"""
     dist = current()
     line = f"slurmddp: rank {dist.rank if dist else '?'} (host {startup.host_name()}) {what}"
     if echo:
@@ -134,7 +135,8 @@ def _note_failure(what: str, *, echo: bool = True) -> None:
         with contextlib.suppress(OSError):  # the report must not hide the failure itself
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, (line + "\n").encode("utf-8", "replace"))  # one append: atomic
+                run = os.environ.get("SLURM_RESTART_COUNT") or "0"
+                os.write(fd, f"{run}\t{line}\n".encode("utf-8", "replace"))  # one append: atomic
             finally:
                 os.close(fd)
 

@@ -100,6 +100,16 @@ def hang_blame(suspects: Iterable[tuple[int, str]]) -> Blame | None:
                  "progressing (the hang watchdog's suspect)")  # fmt: skip
 
 
+# Slurm's states of a node that stopped answering it or was failed (the base state, or a flag).
+_LOST_STATES = frozenset({"DOWN", "FAIL", "NOT_RESPONDING"})
+
+
+def not_responding(states: Mapping[str, str]) -> list[str]:
+    """The nodes of {node: Slurm's state} that Slurm lost: DOWN, FAILed or not responding."""
+    return sorted((node for node, state in states.items()
+                   if _LOST_STATES & set(state.upper().split("+"))), key=_natural)  # fmt: skip
+
+
 def excluded_now(job: Mapping[str, str]) -> list[str]:
     """The nodes the job already excludes (its ExcNodeList), expanded."""
     text = job.get("ExcNodeList", "")

@@ -9,6 +9,7 @@ job's supervisor (`slurmddp.supervisor`) after its step, and rank 0 in a user's 
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from slurmddp.preemption import decision
 from slurmddp.preemption.decision import Decision, Facts
 from slurmddp.protocol import EXCLUDED_FILE_VAR
 
-__all__ = ["carry_out", "scontrol", "show_job", "show_partition"]
+__all__ = ["carry_out", "scontrol", "show_job", "show_nodes", "show_partition"]
 
 
 def scontrol(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,6 +32,13 @@ def scontrol(*args: str) -> subprocess.CompletedProcess[str]:
 def show_job(job_id: str) -> dict[str, str]:
     """Slurm's record of the job (``scontrol show job -o``); empty when it cannot be read."""
     return decision.job_fields(scontrol("show", "job", "-o", job_id).stdout) if job_id else {}
+
+
+def show_nodes(nodelist: str) -> dict[str, str]:
+    """{node: its state} of `nodelist` (``scontrol show node -o``: ``DOWN+NOT_RESPONDING``);
+    empty when it cannot be read."""
+    out = scontrol("show", "node", "-o", nodelist).stdout if nodelist else ""
+    return {m[1]: m[2] for m in re.finditer(r"^NodeName=(\S+).*?\sState=(\S+)", out, re.M)}
 
 
 def show_partition(name: str) -> dict[str, str]:

@@ -86,6 +86,15 @@ def ended(events: list[Event]) -> bool:
     return False
 
 
+def undecided(told: list[Event], run: int) -> str | None:
+    """The nodes `run` started on, when it left no decision: the job was taken from it (Slurm
+    requeued it); None when it decided, never started, or `run` is below 0."""
+    starts = [e for e in told if e.get("run") == run and e["kind"] == "run"]
+    if run < 0 or not starts or any(e.get("run") == run and e["kind"] == "decision" for e in told):
+        return None
+    return str(starts[-1].get("nodes") or "")
+
+
 def size(n: float) -> str:
     """Bytes in words: 1.5 GB, 340 kB."""
     for unit in ("B", "kB", "MB", "GB", "TB"):

@@ -59,7 +59,8 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
         protocol_used=used is not None and used.exists(),
         nodes_lost=_first_line(_path(environ, NODES_LOST_FILE_VAR)) if elastic else None,
         seen=_srun_error(batch_log, log_start),
-        reported=_first_line(_path(environ, FAILURE_FILE_VAR)),
+        reported=_first_of_run(_path(environ, FAILURE_FILE_VAR),
+                               environ.get("SLURM_RESTART_COUNT") or "0"),
         hung=bool(verdicts), suspects=suspects, verdicts=verdicts,
     )  # fmt: skip
 
@@ -112,3 +113,15 @@ def _text(path: Path | None) -> str | None:
 def _first_line(path: Path | None) -> str | None:
     text = _text(path)
     return (text.splitlines() or [""])[0] or None if text else None
+
+
+def _first_of_run(path: Path | None, run: str) -> str | None:
+    """The first line of `path` that run `run` wrote (``RUN<tab>LINE``; an untagged line counts
+    as this run's): an earlier run's rank may append to the file after this run began."""
+    for line in (_text(path) or "").splitlines():
+        tag, tab, rest = line.partition("\t")
+        if not (tab and tag.isdigit()):
+            return line or None
+        if tag == run:
+            return rest or None
+    return None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from slurmddp import protocol
 from slurmddp.story import events
+from slurmddp.supervisor import fence
 from slurmddp.supervisor.launchers import LAUNCHERS, Run, Step, preflight
 from slurmddp.supervisor.plan import Plan
 
@@ -59,6 +60,12 @@ class Supervisor:
             _say(f"cannot make the job's directory {str(job_dir)!r} ({e.strerror}: {e.filename}): "
                  "submit with --output a directory the job may write to")  # fmt: skip
             return protocol.INTERNAL_ERROR
+        for aside in (self._explain_the_last_run, self._fence_if_cut_off):
+            try:  # neither may end the job
+                aside(run)
+            except Exception as e:
+                _say(f"{aside.__name__.strip('_').replace('_', ' ')}: skipped "
+                     f"({type(e).__name__}: {e})")  # fmt: skip
         events.emit("run", self.environ, nodes=nodelist, job=run.job_id)
         batch_log, log_start = _log_position()
         status = preflight_status = None
@@ -87,6 +94,49 @@ class Supervisor:
         except Exception as e:  # the job must end, with the step's status
             _say(f"no decision ({type(e).__name__}: {e}); the job ends with the step's status")
             return protocol.INTERNAL_ERROR if status is None else status
+
+    def _explain_the_last_run(self, run: Run) -> None:
+        """Name what ended the last run where it left no decision: Slurm took the job from it
+        (a node of it stopped answering, its batch host among them) and requeued it."""
+        path = self.environ.get(protocol.EVENTS_FILE_VAR)
+        last = events.undecided(events.read(Path(path)), run.restart - 1) if path else None
+        if last is None:
+            return
+        from slurmddp.preemption import decision, nodes, slurm
+
+        lost = nodes.not_responding(slurm.show_nodes(last))
+        cause = f"node lost: {','.join(lost)}" if lost else "requeued by Slurm"
+        why = (f"Slurm lost {', '.join(lost)} (not responding: the machine, its slurmd or its "
+               "link)" if lost else "Slurm requeued the job")  # fmt: skip
+        line = f"run {run.restart} on {last} ended without a decision: {why}; requeued by Slurm"
+        _say(line)
+        _, allowed = decision.requeue_budget(self.environ)
+        events.emit("decision", self.environ, run=run.restart - 1, action="requeue", status=None,
+                    cause=cause, left_behind=",".join(lost), lines=[line],
+                    requeue=run.restart, allowed=allowed)  # fmt: skip
+
+    def _fence_if_cut_off(self, run: Run) -> None:
+        """Watch the route to slurmctld (`fence`): cut off for SlurmdTimeout, this run ends."""
+        from slurmddp.preemption import slurm
+
+        where = fence.controller(slurm.scontrol("show", "config").stdout)
+        if where is None:
+            return
+        node = self.environ.get("SLURMD_NODENAME", "")
+
+        def fenced(seconds: float) -> None:
+            step = self._step
+            if step is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    step.kill()  # before it can cancel the next run's step of the same id
+            fence.kill(fence.tasks_of(run.job_id, str(run.restart), node, fence.environs(),
+                                      (os.getpid(), os.getppid())))  # fmt: skip
+            _say(f"{node or 'this node'} has had no route to slurmctld ({', '.join(where.hosts)}) "
+                 f"for {seconds:.0f} s, its SlurmdTimeout: Slurm takes the job from it and runs "
+                 "it again elsewhere; this run's step and tasks here are ended (fenced)")
+            os._exit(protocol.FENCED_STATUS)
+
+        fence.watch(where, fenced)
 
     def _start_run(self, job_dir: Path) -> None:
         _make_private_dir(job_dir)

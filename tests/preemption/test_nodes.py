@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurmddp.preemption.decision import partition_fields
-from slurmddp.preemption.nodes import Failure, exclusion, hang_blame
+from slurmddp.preemption.nodes import Failure, exclusion, hang_blame, not_responding
 
 JOB = {"NumNodes": "2", "ExcNodeList": "(null)"}
 PARTITION = {"PartitionName": "debug", "TotalNodes": "4"}
@@ -71,3 +71,9 @@ def test_the_partition_line_is_found_among_the_lines():
     fields = partition_fields(["JobId=1 JobState=RUNNING", "PartitionName=debug TotalNodes=4"])
     assert fields == {"PartitionName": "debug", "TotalNodes": "4"}
     assert partition_fields(["JobId=1"]) == {}
+
+
+def test_the_nodes_slurm_lost_are_those_down_failed_or_not_responding():
+    states = {"n10": "DOWN+NOT_RESPONDING", "n2": "IDLE", "n3": "MIXED+NOT_RESPONDING",
+              "n4": "FAIL", "n5": "DRAINED"}  # fmt: skip
+    assert not_responding(states) == ["n3", "n4", "n10"]

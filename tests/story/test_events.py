@@ -89,3 +89,12 @@ def test_the_job_has_ended_only_once_a_decision_ends_it_and_no_run_follows():
     assert events.ended([run, requeue, run, finished])
     assert json.loads(json.dumps(finished)) == finished
     assert os.environ.get(EVENTS_FILE_VAR) is None  # the suite's own process is in no job
+
+
+def test_a_run_that_left_no_decision_is_told_by_its_nodes():
+    told = [{"kind": "run", "run": 0, "nodes": "n[1-2]"}, {"kind": "training", "run": 0},
+            {"kind": "run", "run": 1, "nodes": "n[2-3]"},
+            {"kind": "decision", "run": 1, "action": "requeue"}]  # fmt: skip
+    assert events.undecided(told, 0) == "n[1-2]"  # Slurm took the job from it
+    assert events.undecided(told, 1) is None  # it decided
+    assert events.undecided(told, 2) is None and events.undecided(told, -1) is None

@@ -48,6 +48,21 @@ def test_a_run_that_never_asked_and_failed_on_a_node(tmp_path):
     assert outcome.read(environ, batch_log=log, log_start=start, elastic=False).nodes_lost is None
 
 
+def test_only_this_runs_failures_count(tmp_path):
+    # A rank of run 0 on a node whose link came back writes after run 1 began; run 1's own
+    # first failure is its second line. A line without a run is this run's (a user's script).
+    environ = files(tmp_path, FAILURE_FILE="0\tslurmddp: rank 1 (host n2) failed: reset\n"
+                    "1\tslurmddp: rank 0 (host n3) failed: boom\n")  # fmt: skip
+    for restart, first in (("1", "slurmddp: rank 0 (host n3) failed: boom"), ("2", None),
+                           (None, "slurmddp: rank 1 (host n2) failed: reset")):  # fmt: skip
+        run = {"SLURM_RESTART_COUNT": restart} if restart else {}
+        ended = outcome.read(environ | run, batch_log=None, log_start=0, elastic=False)
+        assert ended.reported == first, restart
+    (tmp_path / "failures").write_text("slurmddp: rank 3 (host n2) failed: own words\n")
+    assert outcome.read(environ | {"SLURM_RESTART_COUNT": "4"}, batch_log=None, log_start=0,
+                        elastic=False).reported == "slurmddp: rank 3 (host n2) failed: own words"
+
+
 def test_a_hung_run_names_its_suspects(tmp_path):
     environ = files(tmp_path)
     for run, suspects in (("a", "1 n2\n2 n2\n"), ("b", "junk\n")):

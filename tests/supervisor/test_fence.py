@@ -1,0 +1,73 @@
+"""The fence of a batch host cut off from slurmctld: the controller read, the route watched, the
+run's tasks found. Its whole effect (the step and tasks ended, nothing left for the next run) is
+tested on the cluster, the batch host's link taken down (tests/test_network_faults_cluster.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmddp.supervisor import fence
+
+CONFIG = """Configuration data as of 2026-12-07T04:40:00
+AccountingStorageHost   = 10.77.0.254
+SlurmctldHost[0]        = vm(10.77.0.254)
+SlurmctldHost[1]        = backup
+SlurmctldPort           = 12817
+SlurmdTimeout           = 60 sec
+"""
+
+
+def test_the_controller_is_read_from_scontrols_config():
+    assert fence.controller(CONFIG) == fence.Controller(("10.77.0.254", "backup"), 60.0)
+    assert fence.controller(CONFIG.replace("= 60 sec", "= 0 sec")) is None  # never gives up
+    assert fence.controller("") is None  # a stand-in of scontrol, or none at all
+
+
+def test_a_route_to_any_of_the_controllers_addresses_will_do():
+    where = fence.controller(CONFIG)
+    assert where is not None
+    names = {"10.77.0.254": "10.77.0.254", "backup": "10.77.0.9"}
+    assert fence.addresses(where, names.get) == ("10.77.0.254", "10.77.0.9")
+    assert fence.addresses(where, {}.get) == ()  # none resolves (IPv6 alone): nothing watched
+    routes = {"10.77.0.9": "10.77.0.2"}
+    assert fence.routed(("10.77.0.254", "10.77.0.9"), routes.get)
+    assert not fence.routed(("10.77.0.254",), routes.get)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+@pytest.mark.parametrize("routes, cut_at", [
+    ("", 60),  # gone from the start: SlurmdTimeout after
+    ("yyyy" + "n" * 4 + "y" + "n" * 20, 100),  # back after 20 s: counted again from there
+])  # fmt: skip
+def test_the_run_is_fenced_once_the_route_is_gone_for_slurmd_timeout(routes, cut_at):
+    clock, looks = Clock(), iter(routes)
+    seconds = fence.cut_for(60.0, lambda: next(looks, "n") == "y", clock=clock,
+                            sleep=clock.sleep)  # fmt: skip
+    assert seconds >= 60 and clock.now == cut_at
+
+
+def test_the_tasks_of_the_run_on_this_node_are_found_and_nothing_else():
+    task = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n1",
+            "SLURM_RESTART_COUNT": "1"}  # fmt: skip
+    environs = {
+        10: task, 11: task | {"SLURM_STEP_ID": "1"},  # the run's steps
+        12: {k: v for k, v in task.items() if k != "SLURM_STEP_ID"},  # the batch shell
+        13: task | {"SLURM_RESTART_COUNT": "2"},  # the next run's (one host for all nodes)
+        14: task | {"SLURMD_NODENAME": "n2"},  # another node's, seen on the same host
+        15: task | {"SLURM_JOB_ID": "8"}, 16: {}, 17: task,  # another job's; this process
+    }
+    assert fence.tasks_of("7", "1", "n1", environs, spare=(17,)) == [10, 11]
+    assert fence.tasks_of("7", "0", "n1", {20: task | {"SLURM_RESTART_COUNT": "0"},
+                                            21: {k: v for k, v in task.items()
+                                                 if k != "SLURM_RESTART_COUNT"}},
+                          spare=()) == [20, 21]  # run 0: Slurm sets no count  # fmt: skip
