@@ -6,7 +6,9 @@ the job over, with its `plan.Plan` (fixed at submission) as JSON, to
 ``python -m slurmddp.supervisor`` on the host's Python (no torch imported), which, in one place:
 
 1. listens for the stop signal and TERM, and asks the shell for those that came before;
-2. prepares the job's directory and removes what an earlier run left;
+2. prepares the job's directory and removes what an earlier run left; names what ended the last
+   run where it left no decision (Slurm requeued the job: a node of it stopped answering); and
+   watches the route to slurmctld (`fence`): cut off for SlurmdTimeout, it ends its own run;
 3. runs the preflight and the step (`launchers`: one type per launcher builds its command line),
    passing the stop signal on to it once srun can take it;
 4. reads how the run ended (`outcome`), asks the requeue policy (`slurmddp.preemption.decision`)
@@ -18,5 +20,5 @@ the job over, with its `plan.Plan` (fixed at submission) as JSON, to
 included.
 
 Modules: `plan` (what the job runs, pure), `launchers` (srun, torchrun, mpirun; pure),
-`outcome` (the run's files read), `supervise` (the process).
+`outcome` (the run's files read), `fence` (a batch host cut off), `supervise` (the process).
 """
