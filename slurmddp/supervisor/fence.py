@@ -118,6 +118,7 @@ def watch(where: Controller, on_cut: Callable[[float], None]) -> threading.Threa
 
 
 def kill(pids: Iterable[int]) -> None:
+    """SIGKILL each of `pids` still there (nothing of them may act once their run is fenced)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

@@ -108,7 +108,8 @@ class Supervisor:
         cause = f"node lost: {','.join(lost)}" if lost else "requeued by Slurm"
         why = (f"Slurm lost {', '.join(lost)} (not responding: the machine, its slurmd or its "
                "link)" if lost else "Slurm requeued the job")  # fmt: skip
-        line = f"run {run.restart} on {last} ended without a decision: {why}; requeued by Slurm"
+        line = (f"run {run.restart} on {last or 'its nodes'} ended without a decision: {why}; "
+                "requeued by Slurm")
         _say(line)
         _, allowed = decision.requeue_budget(self.environ)
         events.emit("decision", self.environ, run=run.restart - 1, action="requeue", status=None,

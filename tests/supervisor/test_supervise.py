@@ -1,4 +1,5 @@
-"""The supervisor's parts: how a run ended read from its files, a plan it cannot read, its imports.
+"""The supervisor's parts: how a run ended read from its files, a plan it cannot read, its imports,
+the words for a run Slurm took the job from.
 
 Its whole run, signals included, is tested through the rendered batch script with stand-ins of
 srun and scontrol (tests/batch/script/test_sbatch.py) and on the clusters.
@@ -106,3 +107,36 @@ def test_the_supervisor_imports_no_torch():
             "assert 'torch' not in sys.modules")  # fmt: skip
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_run_slurm_took_the_job_from_is_named_by_the_next(tmp_path, monkeypatch, capsys):
+    from slurmddp.preemption import slurm
+    from slurmddp.supervisor.launchers import Run
+    from slurmddp.supervisor.plan import Plan
+    from slurmddp.supervisor.supervise import Supervisor
+
+    told = tmp_path / "events.jsonl"
+    told.write_text('{"t": 1, "kind": "run", "run": 0, "nodes": "n[1-2]"}\n'
+                    '{"t": 2, "kind": "training", "run": 0, "step": 1}\n')  # and nothing more
+    asked = []
+
+    def scontrol(*args: str) -> subprocess.CompletedProcess[str]:
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, "NodeName=n1 Arch=x State=DOWN+NOT_RESPONDING "
+                                           "Reason=Not responding\nNodeName=n2 State=IDLE x=y\n")
+    monkeypatch.setattr(slurm, "scontrol", scontrol)
+    environ = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "SLURMDDP_MAX_REQUEUES": "3",
+               protocol.EVENTS_FILE_VAR: str(told)}  # fmt: skip
+    supervisor = Supervisor(Plan(launcher="srun", python="python", target=("t.py",),
+                                 log_root=str(tmp_path)), environ)  # fmt: skip
+    supervisor._explain_the_last_run(Run.of(environ))
+    assert asked == [("show", "node", "-o", "n[1-2]")]  # one call, for the last run's nodes
+    said = ("slurmddp: run 1 on n[1-2] ended without a decision: Slurm lost n1 (not responding: "
+            "the machine, its slurmd or its link); requeued by Slurm")
+    assert capsys.readouterr().err.splitlines() == [said]
+    decision = json.loads(told.read_text().splitlines()[-1])
+    want = {"kind": "decision", "run": 0, "action": "requeue", "cause": "node lost: n1",
+            "left_behind": "n1", "requeue": 1, "allowed": 3}
+    assert {k: decision[k] for k in want} == want
+    supervisor._explain_the_last_run(Run.of(environ))  # it decided now: nothing more is asked
+    assert len(asked) == 1 and capsys.readouterr().err == ""
