@@ -8,7 +8,7 @@ the job over, with its `plan.Plan` (fixed at submission) as JSON, to
 1. listens for the stop signal and TERM, and asks the shell for those that came before;
 2. prepares the job's directory and removes what an earlier run left; names what ended the last
    run where it left no decision (Slurm requeued the job: a node of it stopped answering); and
-   watches the route to slurmctld (`fence`): cut off for SlurmdTimeout, it ends its own run;
+   watches the route to slurmctld (`fence`): cut off past SlurmdTimeout, it ends its own run;
 3. runs the preflight and the step (`launchers`: one type per launcher builds its command line),
    passing the stop signal on to it once srun can take it;
 4. reads how the run ended (`outcome`), asks the requeue policy (`slurmddp.preemption.decision`)

@@ -6,9 +6,10 @@ again. The processes of the cut node live on, unaware. If that node was the batc
 (or mpirun) and rank 0 outlive the run; once the link is back, srun's ``--kill-on-bad-exit``
 cancels "step 0" of the job, which is now the next run's, and rank 0's lines land in the next
 run's log. So the supervisor watches the route to slurmctld (`cut_for`: the kernel's route to
-its addresses, looked up once; no packet sent, no RPC) and, after ``SlurmdTimeout`` without
-one, fences its run: it kills the step and this node's tasks of the run (`tasks_of`), says so,
-and exits, writing nothing the next run reads.
+its addresses, looked up once; no packet sent, no RPC) and, once Slurm has taken the job
+(``SlurmdTimeout`` and a ping round without a route: `GRACE`), fences its run: it kills the step
+and this node's tasks of the run (`tasks_of`), says so, and exits, writing nothing the next run
+reads.
 
 A partition further away (a switch, the controller's own link) leaves the route in place: Slurm
 still requeues the job, and the processes of the batch host meet the next run's only if they
@@ -30,6 +31,10 @@ from pathlib import Path
 from slurmddp.launch import network
 
 PERIOD_S = 5.0  # how often the route is looked at: a fence comes at most this late
+# Slurm takes a node's jobs from it at the first ping round (every third of SlurmdTimeout) after
+# SlurmdTimeout without an answer: a link back within that round keeps the job, which a fence
+# at SlurmdTimeout itself would have ended. So the fence waits half as long again.
+GRACE = 1.5
 
 _HOST = re.compile(r"^SlurmctldHost\[\d+\]\s*=\s*(\S+)", re.MULTILINE)
 _TIMEOUT = re.compile(r"^SlurmdTimeout\s*=\s*(\d+)", re.MULTILINE)
@@ -106,12 +111,12 @@ def environs() -> dict[int, dict[str, str]]:
 
 def watch(where: Controller, on_cut: Callable[[float], None]) -> threading.Thread | None:
     """A daemon thread that calls `on_cut(seconds)` once no route to the controller has been
-    there for SlurmdTimeout; None when no address of it resolves."""
+    there for `GRACE` times SlurmdTimeout; None when no address of it resolves."""
     found = addresses(where)
     if not found:
         return None
     thread = threading.Thread(
-        target=lambda: on_cut(cut_for(where.slurmd_timeout_s, lambda: routed(found))),
+        target=lambda: on_cut(cut_for(GRACE * where.slurmd_timeout_s, lambda: routed(found))),
         name="slurmddp-fence", daemon=True)  # fmt: skip
     thread.start()
     return thread

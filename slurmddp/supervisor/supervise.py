@@ -117,7 +117,7 @@ class Supervisor:
                     requeue=run.restart, allowed=allowed)  # fmt: skip
 
     def _fence_if_cut_off(self, run: Run) -> None:
-        """Watch the route to slurmctld (`fence`): cut off for SlurmdTimeout, this run ends."""
+        """Watch the route to slurmctld (`fence`): cut off past SlurmdTimeout, this run ends."""
         from slurmddp.preemption import slurm
 
         where = fence.controller(slurm.scontrol("show", "config").stdout)
@@ -133,8 +133,9 @@ class Supervisor:
             fence.kill(fence.tasks_of(run.job_id, str(run.restart), node, fence.environs(),
                                       (os.getpid(), os.getppid())))  # fmt: skip
             _say(f"{node or 'this node'} has had no route to slurmctld ({', '.join(where.hosts)}) "
-                 f"for {seconds:.0f} s, its SlurmdTimeout: Slurm takes the job from it and runs "
-                 "it again elsewhere; this run's step and tasks here are ended (fenced)")
+                 f"for {seconds:.0f} s, over its SlurmdTimeout ({where.slurmd_timeout_s:.0f} s): "
+                 "Slurm has taken the job from it to run it again elsewhere; this run's step and "
+                 "tasks here are ended (fenced)")
             os._exit(protocol.FENCED_STATUS)
 
         fence.watch(where, fenced)
