@@ -25,6 +25,13 @@ import slurmddp
 from slurmddp.training import train_state
 
 
+def busy(seconds: float) -> None:
+    """`seconds` of this thread's CPU time, hashing."""
+    start, block = time.thread_time(), bytes(1 << 16)
+    while time.thread_time() - start < seconds:
+        hashlib.sha256(block).digest()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
@@ -40,6 +47,9 @@ def main() -> int:
     p.add_argument("--fresh-step-time", type=float,
                    help="seconds of extra work per step until the first resume (default: "
                         "--step-time): a first run that cannot finish, resumed runs that can")
+    p.add_argument("--cpu-time", type=float, default=0.0,
+                   help="CPU seconds of work per step on the rank's own CPU (a throttled node "
+                        "takes longer for it)")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--slow-save", type=float, default=0.0,
@@ -103,6 +113,7 @@ def main() -> int:
             step += 1
             position += len(inputs) * world
             time.sleep(step_time)
+            busy(args.cpu_time)
             ckpt.snapshot(step, state)  # every snapshot_every steps; nothing without
             if rank == 0 and step % args.log_every == 0:
                 spacing = ckpt.snapshot_interval  # 0 without snapshots

@@ -50,6 +50,8 @@ MAX_REQUEUES_VAR: Final = "SLURMDDP_MAX_REQUEUES"  # requeues the stop protocol 
 # (0: no watchdog), and the directory of its files (set: the watchdog runs).
 HANG_TIMEOUT_VAR: Final = "SLURMDDP_HANG_TIMEOUT"
 HANG_DIR_VAR: Final = "SLURMDDP_HANG_DIR"
+# "1": a requeue leaves out a node the watchdog named slow (slurmddp.watchdog.pace).
+LEAVE_SLOW_NODES_VAR: Final = "SLURMDDP_LEAVE_SLOW_NODES"
 # The job's code snapshot (slurmddp.batch.transport.snapshot): the runner imports `-m` targets from
 # it first.
 CODE_DIR_VAR: Final = "SLURMDDP_CODE_DIR"

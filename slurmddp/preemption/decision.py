@@ -36,6 +36,9 @@ The rules, first match wins:
    minimum (an agent said so), the job is requeued; a failure laid on a node (a rank of it ended
    by SIGBUS, a broken GPU: `slurmddp.preemption.nodes`) requeues the job without that node.
 
+Any requeue of rules 4 to 7 that leaves no node behind leaves out, under ``--leave-slow-nodes``,
+a node the watchdog named slow in the run (`slurmddp.watchdog.pace`), where the job fits without it.
+
 A requeue without a node counts against the same budget, and happens only while the partition
 keeps enough nodes for the job (the verdict then names the job's new ExcNodeList).
 
@@ -65,6 +68,7 @@ from slurmddp.protocol import (
     DEFAULT_SIGNAL,
     DEFAULT_SIGNAL_LEAD_S,
     HANG_STATUS,
+    LEAVE_SLOW_NODES_VAR,
     MAX_REQUEUES_VAR,
     NOT_REQUEUED_STATUS,
     SIGNAL_LEAD_VAR,
@@ -109,6 +113,8 @@ class Facts:
     seen: str | None = None  # srun's first error line of this run ("srun: error: NODE: task...")
     reported: str | None = None  # the first failure a rank reported (the failure file's first line)
     preflight_status: int | None = None  # the preflight's status when it failed
+    slow: tuple[tuple[str, str], ...] = ()  # nodes the watchdog's pace named slow: (node, why)
+    leave_slow: bool = False  # --leave-slow-nodes: a requeue leaves the first of them out
     partition: Mapping[str, str] = dataclasses.field(default_factory=dict)  # show partition -o
 
 
@@ -125,6 +131,20 @@ class Decision:
 
 def decide(f: Facts) -> Decision:
     """What to do with the job once a run has ended (the rules in the module's docstring)."""
+    d = _decide(f)
+    if d.action != "requeue" or d.exclude or not (f.leave_slow and f.slow):
+        return d
+    node, why = f.slow[0]
+    exclude, why_not = nodes.exclusion(node, f.job, f.partition)
+    if exclude is None:
+        return dataclasses.replace(d, lines=(*d.lines, (
+            f"{node} was slow ({why}), but the job is not requeued without it: {why_not}")))
+    return dataclasses.replace(d, exclude=exclude, left_behind=f"{node}: slow, {why}", lines=(
+        *d.lines, f"{node} is left out as the job is requeued (--leave-slow-nodes): it was slow "
+        f"({why}); the job now excludes {exclude}"))
+
+
+def _decide(f: Facts) -> Decision:
     if f.requeue_error is not None:
         return _after_failed_requeue(f)
     notes = _unused_protocol(f)
@@ -379,7 +399,7 @@ def facts_from(environ: Mapping[str, str], **known: Any) -> Facts:
     return Facts(restart=restart, allowed=allowed, target=requeue_target(environ),
                  stop_signal=stop_signal(environ).name[3:],
                  lead_s=int(lead) if lead.isdigit() else DEFAULT_SIGNAL_LEAD_S,
-                 **known)  # fmt: skip
+                 leave_slow=environ.get(LEAVE_SLOW_NODES_VAR, "") == "1", **known)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -121,6 +121,8 @@ def describe(event: Event) -> str | None:
         return f"resumed at step {event.get('step')} from {event.get('source', '?')}"
     if kind == "hang":
         return "hang: " + " ".join(event.get("lines", ()))[:300]
+    if kind == "slow":
+        return f"slow node: {event.get('line') or event.get('node', '?')}"
     if kind == "agent":
         return str(event.get("line", ""))
     if kind == "done":

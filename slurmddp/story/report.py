@@ -2,8 +2,9 @@
 
 The page has the summary, the timeline (each run a lane on its nodes, from its start to its end:
 start-up hatched, training solid, the stop and its cause, checkpoints and resumes marked, the
-time between runs left empty), each rank's steps per second over the same time axis (a slow
-rank's line lies below the others'), and every event in words.
+time between runs left empty), each rank's steps per second and busy time a step over the same
+time axis (in data-parallel training every rank takes the steps of the slowest; a slow node's
+ranks are busy longer a step), and every event in words.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def page(job_id: str, name: str, state: str, events: list[Event], now: float) ->
              *(f"<li>{_e(line)}</li>" for line in s.lines()), "</ul>",
              "<h2>Timeline</h2>", _timeline(runs, events, x, t0, span, now),
              "<h2>Steps per second, per rank</h2>", _rates(events, x, t0, span),
+             "<h2>Busy time a step, per rank (a slow node's ranks lie above)</h2>",
+             _busy(events, x, t0, span),
              "<h2>Events</h2>", _table(events, t0)]  # fmt: skip
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>\n"
@@ -101,7 +104,8 @@ def _timeline(runs: list[summary.Run], events: list[Event], x, t0: float, span: 
         y, px = TOP + lane * LANE, x(e["t"])
         marker = {"checkpoint": ("checkpoint", "#000", "M{x},{a} l4,6 l-4,6 l-4,-6 z"),
                   "stop": ("stop", "#c62828", "M{x},{a} l5,10 l-10,0 z"),
-                  "resumed": ("resumed", "#fff", "M{x},{a} m-4,0 l8,6 l-8,6 z")}.get(e["kind"])
+                  "resumed": ("resumed", "#fff", "M{x},{a} m-4,0 l8,6 l-8,6 z"),
+                  "slow": ("slow", "#ad1457", "M{x},{a} m-4,2 l8,0 l0,8 l-8,0 z")}.get(e["kind"])
         if marker is None:
             continue
         cls, fill, path = marker
@@ -122,9 +126,7 @@ def _rates(events: list[Event], x, t0: float, span: float) -> str:
     """Each rank's steps per second between two of the watchdog's counts, over time."""
     series: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (rank, run): a line each
     last: dict[tuple[int, str], tuple[float, int]] = {}
-    nodes: dict[str, str] = {}
     for e in (e for e in events if e["kind"] == "progress"):
-        nodes.update(e.get("nodes") or {})
         for rank, count in (e.get("counts") or {}).items():
             key = (int(e.get("run", 0)), rank)
             if key in last and e["t"] > last[key][0] and count >= last[key][1]:
@@ -135,20 +137,48 @@ def _rates(events: list[Event], x, t0: float, span: float) -> str:
     if not series:
         return ('<p class="none">No rates: the hang watchdog, which counts each rank\'s steps, was '
                 "off or no run lasted two of its periods.</p>")
-    top = max(r for points in series.values() for _, r in points) * 1.1 or 1.0
+    return _plot(series, _nodes(events), x, t0, span, "rates", "/s",
+                 "steps per second of each rank over time")  # fmt: skip
+
+
+def _busy(events: list[Event], x, t0: float, span: float) -> str:
+    """Each rank's busy seconds a step (`slurmddp.watchdog.pace`) over time: in step with the
+    others, a slow node's ranks are busy longer."""
+    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for e in (e for e in events if e["kind"] == "progress"):
+        for rank, seconds in (e.get("busy") or {}).items():
+            series.setdefault((rank, int(e.get("run", 0))), []).append((e["t"], seconds * 1000))
+    if not series:
+        return ('<p class="none">No busy times: the hang watchdog, which measures them, was off, '
+                "or the kernel does not report them.</p>")
+    return _plot(series, _nodes(events), x, t0, span, "busy", " ms",
+                 "busy milliseconds a step of each rank over time")  # fmt: skip
+
+
+def _nodes(events: list[Event]) -> dict[str, str]:
+    nodes: dict[str, str] = {}
+    for e in (e for e in events if e["kind"] == "progress"):
+        nodes.update(e.get("nodes") or {})
+    return nodes
+
+
+def _plot(series: dict[tuple[str, int], list[tuple[float, float]]], nodes: dict[str, str], x,
+          t0: float, span: float, css: str, unit: str, label: str) -> str:  # fmt: skip
+    """A line per (rank, run) over the time axis."""
+    top = max(v for points in series.values() for _, v in points) * 1.1 or 1.0
     height = RATE_HEIGHT + 40
 
-    def y(rate: float) -> float:
-        return 10 + RATE_HEIGHT - rate / top * RATE_HEIGHT
+    def y(value: float) -> float:
+        return 10 + RATE_HEIGHT - value / top * RATE_HEIGHT
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-           'class="rates" role="img" aria-label="steps per second of each rank over time">',
-           f'<text x="4" y="{y(top / 1.1) + 4:.1f}" class="tick">{top / 1.1:.3g}/s</text>',
+           f'class="{css}" role="img" aria-label="{_e(label)}">',
+           f'<text x="4" y="{y(top / 1.1) + 4:.1f}" class="tick">{top / 1.1:.3g}{unit}</text>',
            f'<text x="4" y="{y(0):.1f}" class="tick">0</text>']
     ranks = sorted({rank for rank, _ in series}, key=int)
     for (rank, _), points in sorted(series.items(), key=lambda kv: (int(kv[0][0]), kv[0][1])):
         colour = RANK_COLOURS[ranks.index(rank) % len(RANK_COLOURS)]
-        coords = " ".join(f"{x(t):.1f},{y(r):.1f}" for t, r in points)
+        coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
         where = f"rank {rank}" + (f" on {nodes[rank]}" if rank in nodes else "")
         out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="1.5"'
                    f' class="rank" data-rank="{_e(rank)}"><title>{_e(where)}</title></polyline>')
@@ -171,7 +201,8 @@ def _table(events: Iterable[Event], t0: float) -> str:
 
 
 _LEGEND = ('<p class="legend">hatched: start-up (to the first step); solid: training, coloured '
-           'by why the run ended; ▲ stop agreed, ◆ checkpoint written, ▷ resumed</p>')
+           'by why the run ended; ▲ stop agreed, ◆ checkpoint written, ▷ resumed, ■ a slow node '
+           'named</p>')
 _STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;color:#222}"
           "h1{font-size:20px}h2{font-size:16px;margin-top:24px}"
           ".lane,.cause{font-size:12px}.tick{font-size:10px;fill:#555}"

@@ -36,6 +36,7 @@ class Outcome:
     reported: str | None = None
     hung: bool = False
     suspects: tuple[tuple[int, str], ...] = ()
+    slow: tuple[tuple[str, str], ...] = ()  # the nodes the watchdog named slow, and why
     verdicts: tuple[str, ...] = ()  # the watchdog's verdicts, as written: which ranks hung, where
 
     def facts(self) -> dict[str, object]:
@@ -62,6 +63,7 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
         reported=_first_of_run(_path(environ, FAILURE_FILE_VAR),
                                environ.get("SLURM_RESTART_COUNT") or "0"),
         hung=bool(verdicts), suspects=suspects, verdicts=verdicts,
+        slow=_slow(_path(environ, HANG_DIR_VAR)),
     )  # fmt: skip
 
 
@@ -94,6 +96,20 @@ def _hang(hang_dir: Path | None) -> tuple[tuple[str, ...], tuple[tuple[int, str]
             if rank.isdigit():
                 suspects.append((int(rank), node.strip()))
     return tuple(verdicts), tuple(suspects)
+
+
+def _slow(hang_dir: Path | None) -> tuple[tuple[str, str], ...]:
+    """The nodes the watchdog named slow in this run (each of torchrun's restarts included), and
+    why, in the order named; each node once."""
+    if hang_dir is None:
+        return ()
+    named: dict[str, str] = {}
+    for path in sorted((hang_dir / ".state").glob("*/slow")):
+        for line in (_text(path) or "").splitlines():
+            node, _, why = line.strip().partition(" ")
+            if node:
+                named.setdefault(node, why.strip())
+    return tuple(named.items())
 
 
 def _path(environ: Mapping[str, str], name: str) -> Path | None:

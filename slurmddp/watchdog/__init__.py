@@ -21,6 +21,9 @@ either function is never judged), or from the rendezvous when an earlier run of 
 progress (the same script): so a rank stuck in start-up is caught from the first requeue on, or
 at once when the script calls `heartbeat()` right after its start.
 
+The same files carry each rank's busy time a step, from which the monitor names a slow node
+(`pace`: a throttled CPU, a noisy neighbour) without ending anything.
+
 Everything lives in the hang directory (``$SLURMDDP_HANG_DIR``; ``slurmddp submit`` sets it to
 ``<output>/<job>/hang``): without it there is no watchdog.
 """

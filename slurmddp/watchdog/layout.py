@@ -78,6 +78,10 @@ class Layout:
         return self.state / "suspects"  # "RANK NODE" a line: the verdict's stuck ranks
 
     @property
+    def slow(self) -> Path:
+        return self.state / "slow"  # "NODE WHY" a line: the nodes the pace named slow
+
+    @property
     def report(self) -> Path:
         return self.hang_dir / "report.txt"
 
@@ -108,18 +112,27 @@ def from_env(environ: Mapping[str, str]) -> tuple[Layout, float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """What one rank's progress file says: its count, its node, and whether its work is done."""
+    """What one rank's progress file says: its count, its node, whether its work is done, and its
+    busy seconds per step (`slurmddp.watchdog.pace`; None until it has one)."""
 
     count: int
     node: str
     done: bool = False
+    pace_s: float | None = None
 
     def text(self) -> str:
-        return f"{self.count} {self.node} {'done' if self.done else 'running'}\n"
+        pace = "" if self.pace_s is None else f" {self.pace_s:.6f}"
+        return f"{self.count} {self.node} {'done' if self.done else 'running'}{pace}\n"
 
     @classmethod
     def parse(cls, text: str) -> Progress | None:
         parts = text.split()
-        if len(parts) != 3 or not parts[0].isdigit():
+        if len(parts) not in (3, 4) or not parts[0].isdigit():
             return None
-        return cls(int(parts[0]), parts[1], parts[2] == "done")
+        try:
+            pace: float | None = float(parts[3]) if len(parts) == 4 else None
+        except ValueError:
+            pace = None
+        if pace is not None and not 0 <= pace < math.inf:
+            pace = None
+        return cls(int(parts[0]), parts[1], parts[2] == "done", pace)

@@ -23,7 +23,7 @@ from typing import Any
 from slurmddp import files
 from slurmddp.story import events
 from slurmddp.watchdog import layout as layout_
-from slurmddp.watchdog import stacks, verdict
+from slurmddp.watchdog import pace, stacks, verdict
 from slurmddp.watchdog.layout import Layout, Progress
 
 
@@ -62,6 +62,7 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
           from_start: bool) -> int:  # fmt: skip
     period = layout_.period_s(timeout_s)
     seen = verdict.Watch(timeout_s, time.monotonic(), from_start)
+    pacing = pace.Watch()
     told: dict[int, int] = {}
     while True:
         # Rank 0's end is noticed within a second: nothing of the job lingers after it.
@@ -76,6 +77,8 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
         progress = read_progress(where, world_size)
         seen.observe(progress, now)
         told = _tell(progress, told)
+        if fresh := pacing.observe(progress):
+            _name_slow(where, fresh, pacing.ever)
         if seen.done:
             return 0
         if seen.hung(now):
@@ -109,14 +112,32 @@ def watch(where: Layout, world_size: int, timeout_s: float, parent: int,
 
 
 def _tell(progress: dict[int, Progress], told: dict[int, int]) -> dict[int, int]:
-    """Each rank's count, for the job's story (its steps per second over time), when one
-    changed; each rank's node the first time."""
+    """Each rank's count and busy seconds a step, for the job's story (steps per second and
+    busy time over time), when a count changed; each rank's node the first time."""
     counts = {rank: p.count for rank, p in progress.items()}
     if any(counts.values()) and counts != told:  # nothing before the first step
-        nodes = {} if told else {str(rank): p.node for rank, p in progress.items()}
-        events.emit("progress", counts={str(r): c for r, c in counts.items()},
-                    **({"nodes": nodes} if nodes else {}))  # fmt: skip
+        extra: dict[str, Any] = {}
+        if not told:
+            extra["nodes"] = {str(rank): p.node for rank, p in progress.items()}
+        if busy := {str(r): round(p.pace_s, 6) for r, p in progress.items()
+                    if p.pace_s is not None}:  # fmt: skip
+            extra["busy"] = busy
+        events.emit("progress", counts={str(r): c for r, c in counts.items()}, **extra)
     return counts
+
+
+def _name_slow(where: Layout, fresh: list[pace.Slow], ever: dict[str, pace.Slow]) -> None:
+    """Say which nodes are slow (rank 0's log, the job's story) and leave every node named in
+    this run in its ``slow`` file, for the decision at its end."""
+    for slow in fresh:
+        print(f"slurmddp: {slow.line()}", file=sys.stderr, flush=True)
+        events.emit("slow", node=slow.node, ranks=list(slow.ranks), factor=round(slow.factor, 2),
+                    busy_s=round(slow.pace_s, 6), median_s=round(slow.median_s, 6),
+                    line=slow.line())  # fmt: skip
+    try:
+        files.write_atomically(where.slow, "".join(f"{s.node} {s.why()}\n" for s in ever.values()))
+    except OSError as e:  # the watchdog goes on: only the requeue's choice of nodes misses it
+        print(f"slurmddp: cannot write {where.slow}: {e.strerror}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """The rank's side of the watchdog: count progress, publish it, answer the monitor.
 
 `heartbeat` is all a training loop pays: one addition. The `Reporter` thread does the rest, a
-`layout.period_s` apart: it writes the count when it changed; once its own count has stood still
+`layout.period_s` apart: it writes the count, and its busy time per step (`pace`), when the count
+changed; once its own count has stood still
 for two periods it also looks for the monitor's request (then writes its stacks) and its end
 (then ends the process with `HANG_STATUS`). `arm` starts it at the rendezvous, and on global rank
 0 starts the monitor too.
@@ -23,7 +24,7 @@ from slurmddp import files
 from slurmddp.errors import warn
 from slurmddp.protocol import ASKED_FILE_VAR, HANG_STATUS
 from slurmddp.watchdog import layout as layout_
-from slurmddp.watchdog import stacks
+from slurmddp.watchdog import pace, stacks
 from slurmddp.watchdog.layout import Layout, Progress
 
 _count = 0
@@ -53,6 +54,7 @@ class Reporter:
         self.layout, self.rank, self.node = where, rank, node
         self.period = layout_.period_s(timeout_s)
         self._written: Progress | None = None
+        self._pace = pace.Pace()
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -63,8 +65,14 @@ class Reporter:
     def publish(self, done: bool = False) -> bool:
         """Write this rank's progress if it changed; whether it did."""
         with self._lock:
-            now = Progress(_count, self.node, done or bool(self._written and self._written.done))
-            if now == self._written:
+            count, before = _count, self._written
+            done = done or bool(before and before.done)
+            step_s = before.pace_s if before else None
+            if before is None or count != before.count:
+                fresh = self._pace.update(count, pace.busy_s())
+                step_s = step_s if fresh is None else fresh
+            now = Progress(count, self.node, done, step_s)
+            if now == before:
                 return False
             try:
                 files.write_atomically(self.layout.progress(self.rank), now.text())

@@ -34,6 +34,7 @@ export SLURMDDP_SIGNAL=USR2
 export SLURMDDP_SIGNAL_LEAD=120
 export SLURMDDP_MAX_REQUEUES=3
 export SLURMDDP_HANG_TIMEOUT=600
+export SLURMDDP_LEAVE_SLOW_NODES=0
 job_dir='/scratch/my runs/100%'/"$SLURM_JOB_ID"
 export SLURMDDP_REQUEUE_FILE="$job_dir"/requeue
 export SLURMDDP_DONE_FILE="$job_dir"/done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 from slurmddp.errors import UserError
 from slurmddp.preemption.decision import (
     Facts,
+    cause,
     decide,
     facts_from,
     job_fields,
@@ -168,6 +170,42 @@ def test_what_happens_to_the_job(facts_, action, status, says):
         assert any(says in line for line in d.lines), d.lines
     # Only a requeue without a node names the nodes to exclude.
     assert bool(d.exclude) == (d.action == "requeue" and "because of node" in " ".join(d.lines))
+
+
+SLOW = (("n2", "its ranks busy 4.0 times as long a step as the median rank"),)
+
+
+def test_a_requeue_leaves_a_slow_node_out_only_when_asked():
+    preempted = facts(asked="USR2", job=ON_TWO | {"PreemptTime": PREEMPTED["PreemptTime"]},
+                      partition=FOUR, slow=SLOW)  # fmt: skip
+    assert decide(preempted).exclude == ""  # named, but --leave-slow-nodes is off
+    d = decide(dataclasses.replace(preempted, leave_slow=True))
+    assert (d.action, d.exclude) == ("requeue", "n2")
+    assert d.left_behind == "n2: slow, its ranks busy 4.0 times as long a step as the median rank"
+    assert d.lines[-1] == ("n2 is left out as the job is requeued (--leave-slow-nodes): it was "
+                           "slow (its ranks busy 4.0 times as long a step as the median rank); "
+                           "the job now excludes n2")  # fmt: skip
+    assert cause(preempted, d) == "preempted"  # still why the run ended
+    # No room without it: requeued as before, saying why the node stays.
+    crowded = dataclasses.replace(preempted, leave_slow=True,
+                                  job=preempted.job | {"ExcNodeList": "n[3-4]"})
+    d = decide(crowded)
+    assert (d.action, d.exclude) == ("requeue", "")
+    assert d.lines[-1].startswith("n2 was slow (its ranks busy 4.0 times as long a step as the "
+                                  "median rank), but the job is not requeued without it: the job "
+                                  "needs 2")  # fmt: skip
+    # Not a requeue: nothing to leave out; a requeue that leaves a broken node out keeps to it.
+    assert decide(dataclasses.replace(preempted, leave_slow=True, asked=None, job=ON_TWO,
+                                      step_status=0)).action == "finished"  # fmt: skip
+    broken = facts(step_status=135, seen=BUS, job=ON_TWO, partition=FOUR, leave_slow=True,
+                   slow=(("n3", "slow"),))  # fmt: skip
+    assert decide(broken).exclude == "n2"
+
+
+def test_the_option_reaches_the_decision_from_the_jobs_environment():
+    assert facts_from({"SLURMDDP_LEAVE_SLOW_NODES": "1"}, step_status=0).leave_slow
+    assert not facts_from({"SLURMDDP_LEAVE_SLOW_NODES": "0"}, step_status=0).leave_slow
+    assert not facts_from({}, step_status=0).leave_slow
 
 
 def test_a_script_that_never_asked_is_told_once():

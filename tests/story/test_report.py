@@ -53,6 +53,27 @@ def test_the_page_draws_each_run_its_stops_checkpoints_and_each_ranks_pace():
     assert not re.search(r"<(script|link|img|iframe)\b|\bsrc=|url\((?!#)", page)
 
 
+def test_a_slow_nodes_ranks_are_drawn_busier_and_its_naming_marked():
+    told = [ev(0, "run", nodes="n[1-2]"),
+            ev(10, "progress", counts={"0": 20, "1": 20}, nodes={"0": "n1", "1": "n2"},
+               busy={"0": 0.05, "1": 0.05}),
+            ev(20, "progress", counts={"0": 30, "1": 30}, busy={"0": 0.05, "1": 0.2}),
+            ev(30, "progress", counts={"0": 40, "1": 40}, busy={"0": 0.05, "1": 0.2}),
+            ev(31, "slow", node="n2", ranks=[1], factor=4.0, line="n2 is slow: rank 1 ...")]
+    page = report.page("7", "train", "RUNNING", told, now=40)
+    timeline, _, busy = svgs(page)
+    marker = timeline.find(f"{SVG}path[@class='slow']")
+    assert marker.find(f"{SVG}title").text == "slow node: n2 is slow: rank 1 ..."
+    lines = {p.get("data-rank"): p for p in busy.findall(f"{SVG}polyline")}
+    assert lines["1"].find(f"{SVG}title").text == "rank 1 on n2"
+
+    def highest(rank: str) -> float:  # SVG's y grows downwards: the busiest point is the least
+        return min(float(xy.split(",")[1]) for xy in lines[rank].get("points").split())
+
+    assert highest("1") < highest("0")  # the slow node's rank stands out, above
+    assert "<td>slow node: n2 is slow: rank 1 ...</td>" in page
+
+
 def test_a_users_text_is_escaped_not_markup():
     told = [ev(0, "run", nodes="<b>n1</b>"), ev(1, "agent", line="<script>x</script>")]
     page = report.page("7", "<i>name</i>", "RUNNING", told, now=5)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from slurmddp import protocol
+from slurmddp.preemption import decision
 from slurmddp.supervisor import outcome
 from tests.conftest import launcher_free_env
 
@@ -75,7 +76,20 @@ def test_a_hung_run_names_its_suspects(tmp_path):
     assert ended.hung and ended.suspects == ((1, "n2"), (2, "n2"))
     assert ended.verdicts == ("hung: ranks of a", "hung: ranks of b")
     assert set(ended.facts()) == {"asked", "done", "protocol_used", "nodes_lost", "seen",
-                                  "reported", "hung", "suspects"}  # fmt: skip
+                                  "reported", "hung", "suspects", "slow"}  # fmt: skip
+
+
+def test_the_nodes_named_slow_in_the_run_reach_its_decision(tmp_path):
+    environ = files(tmp_path)
+    assert outcome.read(environ, batch_log=None, log_start=0, elastic=False).slow == ()
+    # Two of torchrun's restarts in the run, each its own watchdog state.
+    for run, named in (("0.0", "n2 busy 3.0 times\nn4 busy 2.5 times\n"), ("0.1", "n2 later\n")):
+        state = tmp_path / "hang" / ".state" / run
+        state.mkdir(parents=True)
+        (state / "slow").write_text(named)
+    ended = outcome.read(environ, batch_log=None, log_start=0, elastic=False)
+    assert ended.slow == (("n2", "busy 3.0 times"), ("n4", "busy 2.5 times"))
+    assert decision.facts_from(environ, step_status=0, **ended.facts()).slow == ended.slow
 
 
 def test_a_plan_it_cannot_read_is_one_line_and_status_2():

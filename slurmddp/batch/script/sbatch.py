@@ -185,6 +185,7 @@ def context(spec: JobSpec) -> Context:
             (protocol.SIGNAL_LEAD_VAR, spec.signal_lead),
             (protocol.MAX_REQUEUES_VAR, spec.max_requeues if spec.requeue else 0),
             (protocol.HANG_TIMEOUT_VAR, spec.hang_timeout),
+            (protocol.LEAVE_SLOW_NODES_VAR, int(spec.leave_slow_nodes)),
         ),
         rank_prefix=container.rank_prefix(spec),
         srun_args=(*spec.srun_args, *container.srun_args(spec)),

@@ -126,6 +126,7 @@ class JobSpec:
     requeue: bool = True
     max_restarts: int = DEFAULTS["max_restarts"]
     hang_timeout: int = DEFAULTS["hang_timeout"]
+    leave_slow_nodes: bool = DEFAULTS["leave_slow_nodes"]
     preflight: bool = DEFAULTS["preflight"]
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
     rdzv_port: int | None = None  # None: derived from the job id (slurmddp.agent)
@@ -543,8 +544,8 @@ def build_spec(
     ntasks = v["ntasks_per_node"]
     as_given = ("gpus_per_node", "cpus_per_task", "partition", "account", "qos", "constraint",
                 "launcher", "backend", "mpi", "max_requeues", "max_restarts", "signal",
-                "signal_lead", "hang_timeout", "preflight", "snapshot", "snapshot_max_mib",
-                "snapshot_max_files", "rdzv_backend", "rdzv_endpoint",
+                "signal_lead", "hang_timeout", "leave_slow_nodes", "preflight", "snapshot",
+                "snapshot_max_mib", "snapshot_max_files", "rdzv_backend", "rdzv_endpoint",
                 "spare_nodes", "container_runtime", "gpu_vendor")  # fmt: skip
     return JobSpec(
         target=target,

@@ -311,6 +311,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("hang_timeout", "count", "seconds in which no rank made progress (should_stop, "
            "heartbeat) before the job is judged hung, its stacks written and the job ended; "
            "0: no hang watchdog", default=DEFAULT_HANG_TIMEOUT_S),
+    Option("leave_slow_nodes", "bool", "at the next requeue, leave out a node the watchdog named "
+           "slow in the run (its ranks busy at least twice as long a step as the median rank)",
+           default=False),
     Option("preflight", "bool", "before training, prove every node (its GPUs, the collectives "
            "across nodes); a node that fails is left behind and the job requeued at once",
            default=False),
