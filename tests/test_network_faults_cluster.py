@@ -30,7 +30,7 @@ from benchmarks.cluster import job_processes
 from slurmddp.preemption import slurm
 from slurmddp.rank import hostlist
 from slurmddp.supervisor import fence
-from tests.conftest import EVERY_SLURM, wait_until
+from tests.conftest import EVERY_SLURM, ROOT, wait_until
 from tests.preemption.test_preemption_cluster import Job, train_args
 
 pytestmark = pytest.mark.cluster
@@ -117,3 +117,42 @@ def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_b
     results = job.results()
     assert {x["digest"] for x in results} == {reference_digest_2x1}, results
     assert {x["restart"] for x in results} == {1}
+
+
+# Not in the full run either (`alone`, as above). torchrun's agents with a spare: a node cut off
+# (not the first: its agent holds the c10d rendezvous) for less than SlurmdTimeout, so that
+# Slurm never notices and the cut node's agent and worker, alive all along, come back to a
+# rendezvous that went on without them.
+@pytest.mark.alone
+@pytest.mark.slurm("24.11")
+def test_a_node_cut_off_under_a_spare_is_replaced_in_place_and_its_return_changes_nothing(
+        slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
+    from tests.test_elastic_cluster import (  # its helpers; its module's marks stay there
+        SPARE_ONE_2x1,
+        assert_bitwise,
+        node_logs,
+        wait_logged,
+        workers_on,
+    )
+
+    job = Job(slurm_cluster, tmp_path, [
+        *SPARE_ONE_2x1, str(ROOT / "examples" / "resumable_train.py"), "--steps", "300",
+        "--save-every", "20", "--step-time", "0.3", "--log-every", "10",
+        "--checkpoint-dir", str(tmp_path / "ckpt")])  # fmt: skip
+    wait_logged(job, "step 60 ", 180)
+    nodes = hostlist.expand(job.fields()["NodeList"])
+    lost = next(node for node in nodes[1:] if workers_on(job, node))
+    with link_cut(slurm_cluster, lost):
+        start = time.time()
+        wait_logged(job, "resumed from ", 120)
+        back = time.time() - start
+        print(f"{lost}'s link cut -> training again in place, on the spare: {back:.1f} s")
+        time.sleep(max(0.0, 40 - (time.time() - start)))  # under SlurmdTimeout (60 s)
+    steps_at_return = len(re.findall(r"step \d+ ", "".join(node_logs(job).values())))
+    end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert_bitwise(logs, reference_digest_2x1, ranks=2)
+    # The cut node's return did not restart the workers again: one resume, the cut's.
+    assert logs.count("resumed from ") == 1, logs
+    assert len(re.findall(r"step \d+ ", logs)) > steps_at_return

@@ -111,6 +111,7 @@ class Facts:
     nodes_lost: str | None = None  # an agent's line: too few nodes came back to the rendezvous
     suspects: tuple[tuple[int, str], ...] = ()  # the hang's suspects: (rank, node)
     seen: str | None = None  # srun's first error line of this run ("srun: error: NODE: task...")
+    signalled: str | None = None  # its first of a task ended by a node's signal (SIGBUS, SIGILL)
     reported: str | None = None  # the first failure a rank reported (the failure file's first line)
     preflight_status: int | None = None  # the preflight's status when it failed
     slow: tuple[tuple[str, str], ...] = ()  # nodes the watchdog's pace named slow: (node, why)
@@ -190,7 +191,7 @@ def _decide(f: Facts) -> Decision:
         return _requeue(f, f"{_stop_cause(f)}, {f.asked}", notes)
     if f.step_status is None:
         if f.preflight_status is not None and not f.received:
-            preflight = nodes.Failure(f.preflight_status, f.seen, f.reported)
+            preflight = nodes.Failure(f.preflight_status, f.seen, f.reported, f.signalled)
             said = (*notes, *preflight.summary("the preflight"))
             return _without_node(f, preflight.blame(preflight=True), "failed its preflight",
                                  said, Decision("fail", f.preflight_status, said))  # fmt: skip
@@ -237,7 +238,7 @@ def cause(f: Facts, d: Decision) -> str:
 
 
 def _failure(f: Facts) -> nodes.Failure:
-    return nodes.Failure(f.step_status or 0, f.seen, f.reported)
+    return nodes.Failure(f.step_status or 0, f.seen, f.reported, f.signalled)
 
 
 def _without_node(f: Facts, blame: nodes.Blame | None, what: str, said: tuple[str, ...],

@@ -5,7 +5,8 @@ A run that fails because of its node, not its script, is requeued without that n
 requeued job waits for its begin time, the only moment Slurm lets it change). A node is blamed
 when the failure looks like a machine's, never for a script's own error:
 
-- srun saw a task of that node ended by a signal that broken hardware sends (`NODE_SIGNALS`);
+- srun saw a task of that node ended by a signal that broken hardware sends (`NODE_SIGNALS`),
+  first or after others (a rank whose peer died so exits at once, and may reach srun first);
 - a rank of that node reported an error its GPU or driver gives when broken (`NODE_ERRORS`);
 - the hang watchdog's suspects all run on that node and are stuck on their own: stopped, or not
   waiting for any other rank (`slurmddp.watchdog.verdict`; a rank merely out of step with the
@@ -57,6 +58,9 @@ class Failure:
     status: int
     seen: str | None = None  # srun's first "srun: error: NODE: task(s) N: WHAT" of this run
     reported: str | None = None  # the first line of the failure file (a rank raised or exited)
+    # srun's first line of a task ended by a `NODE_SIGNALS` signal, where it is not `seen`: a rank
+    # that lost its peer to the node's fault may exit, and reach srun, before the peer's end does.
+    signalled: str | None = None
 
     def _seen(self) -> re.Match[str] | None:
         return _SRUN_LINE.fullmatch(self.seen.strip()) if self.seen else None
@@ -72,7 +76,15 @@ class Failure:
         if m and "Exited with exit code" not in m["what"]:
             lines.append(f"{m['tasks']} on {m['node']} was ended by a signal and could not report; "
                          "failures after it followed from losing it")  # fmt: skip
+        elif s := self._signalled():
+            lines.append(f"then {s['tasks']} on {s['node']} was ended by a signal ({s['what']}) "
+                         "and could not report: the failures before it followed from losing "
+                         "it")  # fmt: skip
         return tuple(lines)
+
+    def _signalled(self) -> re.Match[str] | None:
+        m = _SRUN_LINE.fullmatch(self.signalled.strip()) if self.signalled else None
+        return m if m and m.group(0) != (self.seen or "").strip() else None
 
     def blame(self, *, preflight: bool = False) -> Blame | None:
         """The node this failure is laid on; None when it looks like the script's own.
@@ -83,6 +95,8 @@ class Failure:
         if m and "Exited with exit code" not in m["what"] and (
                 preflight or any(s in m["what"] for s in NODE_SIGNALS)):  # fmt: skip
             return Blame(m["node"], f"{m['tasks']} on it ended by a signal ({m['what']})")
+        if s := self._signalled():
+            return Blame(s["node"], f"{s['tasks']} on it ended by a signal ({s['what']})")
         r = _RANK_LINE.match(_strip(self.reported or ""))
         if r and (f"{NodeCheckError.__name__}: " in r["what"]
                   or any(e in r["what"].lower() for e in NODE_ERRORS)):
@@ -144,6 +158,15 @@ def _count(text: str | None) -> int | None:
 def _natural(node: str) -> list[tuple[int, int, str]]:
     """n2 before n10; a number never meets a word (its tag comes first)."""
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", node)]
+
+
+def signalled(lines: Iterable[str]) -> str | None:
+    """The first of srun's error lines that says a task was ended by a `NODE_SIGNALS` signal."""
+    for line in lines:
+        m = _SRUN_LINE.fullmatch(line.strip())
+        if m and any(s in m["what"] for s in NODE_SIGNALS):
+            return m.group(0)
+    return None
 
 
 def _strip(line: str) -> str:

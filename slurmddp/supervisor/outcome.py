@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurmddp.preemption import nodes
 from slurmddp.protocol import (
     ASKED_FILE_VAR,
     DONE_FILE_VAR,
@@ -33,6 +34,7 @@ class Outcome:
     protocol_used: bool = True
     nodes_lost: str | None = None
     seen: str | None = None
+    signalled: str | None = None
     reported: str | None = None
     hung: bool = False
     suspects: tuple[tuple[int, str], ...] = ()
@@ -54,12 +56,14 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
         requeue.unlink(missing_ok=True)  # taken: a later run starts without it
     done, used = _path(environ, DONE_FILE_VAR), _path(environ, ASKED_FILE_VAR)
     verdicts, suspects = _hang(_path(environ, HANG_DIR_VAR))
+    seen = _srun_errors(batch_log, log_start)
     return Outcome(
         asked=(asked or "").strip() or None,
         done=done is not None and done.exists(),
         protocol_used=used is not None and used.exists(),
         nodes_lost=_first_line(_path(environ, NODES_LOST_FILE_VAR)) if elastic else None,
-        seen=_srun_error(batch_log, log_start),
+        seen=seen[0] if seen else None,
+        signalled=nodes.signalled(seen),
         reported=_first_of_run(_path(environ, FAILURE_FILE_VAR),
                                environ.get("SLURM_RESTART_COUNT") or "0"),
         hung=bool(verdicts), suspects=suspects, verdicts=verdicts,
@@ -67,17 +71,17 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
     )  # fmt: skip
 
 
-def _srun_error(log: Path | None, start: int) -> str | None:
+def _srun_errors(log: Path | None, start: int) -> list[str]:
+    """srun's error lines naming a task and its node, in the batch log from `start` on."""
     if log is None:
-        return None
+        return []
     try:
         with log.open("rb") as f:
             f.seek(start)
             text = f.read().decode(errors="replace")
     except OSError:
-        return None
-    m = _SRUN_ERROR.search(text)
-    return m.group(0) if m else None
+        return []
+    return _SRUN_ERROR.findall(text)
 
 
 def _hang(hang_dir: Path | None) -> tuple[tuple[str, ...], tuple[tuple[int, str], ...]]:

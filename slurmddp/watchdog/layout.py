@@ -113,26 +113,34 @@ def from_env(environ: Mapping[str, str]) -> tuple[Layout, float] | None:
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """What one rank's progress file says: its count, its node, whether its work is done, and its
-    busy seconds per step (`slurmddp.watchdog.pace`; None until it has one)."""
+    busy and wall seconds a step (`slurmddp.watchdog.pace`; None until it has them)."""
 
     count: int
     node: str
     done: bool = False
     pace_s: float | None = None
+    step_s: float | None = None
 
     def text(self) -> str:
-        pace = "" if self.pace_s is None else f" {self.pace_s:.6f}"
+        pace = "" if self.pace_s is None or self.step_s is None else \
+            f" {self.pace_s:.6f} {self.step_s:.6f}"  # fmt: skip
         return f"{self.count} {self.node} {'done' if self.done else 'running'}{pace}\n"
 
     @classmethod
     def parse(cls, text: str) -> Progress | None:
         parts = text.split()
-        if len(parts) not in (3, 4) or not parts[0].isdigit():
+        if len(parts) not in (3, 5) or not parts[0].isdigit():
             return None
-        try:
-            pace: float | None = float(parts[3]) if len(parts) == 4 else None
-        except ValueError:
-            pace = None
-        if pace is not None and not 0 <= pace < math.inf:
-            pace = None
-        return cls(int(parts[0]), parts[1], parts[2] == "done", pace)
+        pace = _seconds(parts[3]) if len(parts) == 5 else None
+        step = _seconds(parts[4]) if len(parts) == 5 else None
+        if pace is None or step is None:
+            pace = step = None
+        return cls(int(parts[0]), parts[1], parts[2] == "done", pace, step)
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < math.inf else None

@@ -55,6 +55,7 @@ class Reporter:
         self.period = layout_.period_s(timeout_s)
         self._written: Progress | None = None
         self._pace = pace.Pace()
+        self._thread = threading.get_native_id()  # the training thread: it arms the watchdog
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -67,11 +68,11 @@ class Reporter:
         with self._lock:
             count, before = _count, self._written
             done = done or bool(before and before.done)
-            step_s = before.pace_s if before else None
+            measured = (before.pace_s, before.step_s) if before else (None, None)
             if before is None or count != before.count:
-                fresh = self._pace.update(count, pace.busy_s())
-                step_s = step_s if fresh is None else fresh
-            now = Progress(count, self.node, done, step_s)
+                fresh = self._pace.update(count, pace.busy_s(self._thread), time.monotonic())
+                measured = measured if fresh is None else fresh
+            now = Progress(count, self.node, done, *measured)
             if now == before:
                 return False
             try:

@@ -109,6 +109,14 @@ CASES = [
     ("bus-error-summary", facts(step_status=135, seen=BUS, job=ON_TWO, partition=FOUR), "requeue",
      0, "the step failed with status 135; the first to end, as srun saw it: task 1 on n2 (Bus "
      "error)"),
+    # The peer of the node's rank saw its connection reset and exited first: srun saw that first.
+    ("bus-error-after-a-peers-exit", facts(
+        step_status=135, seen="srun: error: n1: task 0: Exited with exit code 1", signalled=BUS,
+        reported="slurmddp: rank 0 (host n1) failed: RuntimeError: [../gloo/transport/tcp/"
+        "pair.cc:537] Read error [10.77.0.2]:10917: Connection reset by peer", job=ON_TWO,
+        partition=FOUR),
+     "requeue", 0, "then task 1 on n2 was ended by a signal (Bus error) and could not report: the "
+     "failures before it followed from losing it"),
     ("bus-error-again", facts(step_status=135, seen=BUS, restart=1, partition=FOUR,
                               job=ON_TWO | {"ExcNodeList": "n1"}),
      "requeue", 0, "the job now excludes n[1-2]"),

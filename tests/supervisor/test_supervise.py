@@ -45,7 +45,14 @@ def test_a_run_that_never_asked_and_failed_on_a_node(tmp_path):
         f.write("other\nsrun: error: n2: tasks 2-3: Killed\nsrun: error: n1: task 0: Killed\n")
     ended = outcome.read(environ, batch_log=log, log_start=start, elastic=True)
     assert ended.seen == "srun: error: n2: tasks 2-3: Killed"
+    assert ended.signalled is None  # killed: any node's fate
     assert ended.reported == "slurmddp: rank 3 (host n2) failed: boom"
+    # A node's signal srun saw after a peer's exit it caused (the peer lost its connection).
+    with log.open("a") as f:
+        f.write("srun: error: n3: task 5: Bus error\nsrun: error: n4: task 7: Bus error\n")
+    ended = outcome.read(environ, batch_log=log, log_start=start, elastic=True)
+    assert (ended.seen, ended.signalled) == ("srun: error: n2: tasks 2-3: Killed",
+                                             "srun: error: n3: task 5: Bus error")
     assert (ended.protocol_used, ended.nodes_lost) == (False, "slurmddp: too few nodes")
     assert outcome.read(environ, batch_log=log, log_start=start, elastic=False).nodes_lost is None
 
@@ -76,7 +83,8 @@ def test_a_hung_run_names_its_suspects(tmp_path):
     assert ended.hung and ended.suspects == ((1, "n2"), (2, "n2"))
     assert ended.verdicts == ("hung: ranks of a", "hung: ranks of b")
     assert set(ended.facts()) == {"asked", "done", "protocol_used", "nodes_lost", "seen",
-                                  "reported", "hung", "suspects", "slow"}  # fmt: skip
+                                  "signalled", "reported", "hung", "suspects",
+                                  "slow"}  # fmt: skip
 
 
 def test_the_nodes_named_slow_in_the_run_reach_its_decision(tmp_path):

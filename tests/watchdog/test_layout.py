@@ -37,9 +37,9 @@ def test_a_bad_timeout_is_one_clear_error(text):
 
 def test_progress_round_trips_and_refuses_what_it_did_not_write():
     for p in (Progress(0, "n1"), Progress(12, "gpu-a17", done=True),
-              Progress(3, "n2", False, 0.25)):  # fmt: skip
+              Progress(3, "n2", False, 0.25, 0.5)):  # fmt: skip
         assert Progress.parse(p.text()) == p
     assert Progress.parse("") is None and Progress.parse("x n1 running") is None
     # A pace that is not a number of seconds is no pace: the count still counts.
-    for bad in ("nan", "inf", "-1", "fast"):
+    for bad in ("nan 0.5", "0.5 inf", "-1 0.5", "fast 0.5"):
         assert Progress.parse(f"3 n2 running {bad}") == Progress(3, "n2")
