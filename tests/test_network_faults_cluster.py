@@ -12,6 +12,10 @@ first run left there ends without touching the next one. Cut on the batch host (
 rendezvous, the batch shell and srun), the supervisor fences its own run first
 (`slurmddp.supervisor.fence`): without that, srun cancelled "step 0" of the job once its link
 was back, the next run's step of the same id, and the recovered job failed.
+
+Under torchrun with a spare node, another node cut off is replaced in place by the spare (the
+agents' rendezvous goes on without it), and its return, its worker failing on the connection it
+lost, changes nothing.
 """
 
 from __future__ import annotations
