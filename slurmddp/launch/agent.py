@@ -259,7 +259,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Workers are born with the stop signal blocked, so it cannot end one before its runner
     # takes it; the relay then reaches them as a pending signal at the latest.
     signals.route(signals.stop_signal(os.environ), _relay)
-    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.run import main as torchrun
 
     from slurmddp.launch.startup import host_name, startup_timeout
@@ -274,8 +277,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
                           os.environ, timeout_s)  # fmt: skip
     reach_rendezvous(args, os.environ)
-    stranded.start(os.environ, _option(args, "--rdzv-endpoint", "--rdzv_endpoint"),
-                   _option(args, "--rdzv-backend", "--rdzv_backend") or "static", host_name())
+    watcher = stranded.start(os.environ, _option(args, "--rdzv-endpoint", "--rdzv_endpoint"),
+                             _option(args, "--rdzv-backend", "--rdzv_backend") or "static",
+                             host_name())  # fmt: skip
     # Given first, so that a --log-dir of the user's, later, wins (argparse keeps the last).
     log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     try:
@@ -288,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"slurmddp: agent (host {host_name()}): a spare, released: the rendezvous closed",
               file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(0) from None
+    except RendezvousConnectionError:
+        if watcher is not None:
+            stranded.linger(watcher)  # its batch host lost: the job may need requeueing
+        raise
     except RendezvousTimeoutError:
         # Too few nodes came back after a loss (or at the start) for --nnodes' minimum: the
         # supervisor's decision requeues the job (slurmddp.preemption.decision).

@@ -15,13 +15,8 @@ killed, or the job ending), one ``scontrol show job`` and one ``show node`` of t
 period: once Slurm marks that host lost (DOWN, NOT_RESPONDING: after ``SlurmdTimeout``) and the
 job still runs, the agent requeues it (``scontrol requeue``); it runs again on other nodes and
 resumes from its checkpoint, and the next run names the node it lost. A job Slurm itself ends or
-requeues (one without ``--no-kill``) is left to Slurm.
-
-Not covered: a batch host whose processes die while its kernel answers (killed, a machine that
-reboots at once): the connections reset, the agents' torchrun fails at once and their watchers
-end with them. Keeping a failed agent alive for its watcher held every elastic job whose store
-closed under a re-joining agent (at its end, say) for twice ``SlurmdTimeout`` (fresh run 32):
-telling the two apart needs the batch host's slurmd asked, not built.
+requeues (one without ``--no-kill``) is left to Slurm. An agent whose torchrun failed on the lost
+rendezvous (its host's processes killed: the connection reset) stays for it (`linger`).
 
 Not covered: a batch host cut off whose link comes back while the requeued job runs. Its batch
 step, ended when its slurmd registers again, reports its end then, and Slurm (24.11) takes it for
@@ -31,6 +26,7 @@ it after a requeue of its own, which it does not make under ``--no-kill``.
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import threading
@@ -89,6 +85,19 @@ def watch(environ: Mapping[str, str], host: str, port: int, *,
                 return f"{said}: requeued, to resume from its checkpoint on other nodes"
         sleep(PERIOD_S)
     return None
+
+
+def linger(watcher: threading.Thread, config: Callable[[], str] = lambda: _config()) -> None:
+    """Keep this agent, whose torchrun failed on its lost rendezvous, alive while `watcher`
+    decides: at most twice ``SlurmdTimeout`` (10 minutes where it cannot be read), by which time
+    Slurm has marked a lost batch host; a batch host Slurm keeps (its store alone ended) costs
+    the run's end that long."""
+    m = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", config(), re.MULTILINE)
+    watcher.join(2 * int(m.group(1)) if m and int(m.group(1)) > 0 else 600)
+
+
+def _config() -> str:
+    return slurm.scontrol("show", "config").stdout
 
 
 def start(environ: Mapping[str, str], endpoint: str | None, backend: str, node: str

@@ -92,3 +92,14 @@ def test_only_a_store_that_accepts_is_there():
         assert stranded.accepting("127.0.0.1", port)
     assert not stranded.accepting("no-such-host.invalid", 5536)
 
+
+def test_an_agent_whose_torchrun_failed_stays_twice_slurmd_timeout_for_its_watcher():
+    class Thread:
+        def join(self, timeout):
+            self.timeout = timeout
+
+    for config, waited in (("SlurmdTimeout           = 60 sec\n", 120),
+                           ("SlurmdTimeout           = 0 sec\n", 600), ("", 600)):  # fmt: skip
+        watcher = Thread()
+        stranded.linger(watcher, lambda c=config: c)
+        assert watcher.timeout == waited
