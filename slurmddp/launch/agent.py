@@ -9,9 +9,7 @@ boundary (slurmddp.preemption).
 A ``--rdzv-endpoint`` given without a port gets one derived from the job and step ids, as
 MASTER_PORT is (`env.derive_port`): a fixed port would let a second job whose first node
 is shared join the first job's rendezvous. A node whose rendezvous beats stop (lost, or gone
-silent) sends the other agents back to the rendezvous at once (`restart_when_a_peer_is_lost`);
-a lost batch host, with the rendezvous, gets the job requeued from a node that survived it
-(`slurmddp.launch.stranded`).
+silent) sends the other agents back to the rendezvous at once (`restart_when_a_peer_is_lost`).
 torchrun's log directory, when the workers' logs do not go there, leaves nothing behind:
 torch makes one in /tmp per agent and run (``torchelastic_*``) and keeps it, empty, forever.
 Everything else is torchrun's (torch.distributed.run).
@@ -29,7 +27,7 @@ from typing import Any
 
 from slurmddp import patches
 from slurmddp.errors import EnvError
-from slurmddp.launch import network, stranded
+from slurmddp.launch import network
 from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
 from slurmddp.rank.env import derive_port, port_range
@@ -259,10 +257,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Workers are born with the stop signal blocked, so it cannot end one before its runner
     # takes it; the relay then reaches them as a pending signal at the latest.
     signals.route(signals.stop_signal(os.environ), _relay)
-    from torch.distributed.elastic.rendezvous.api import (
-        RendezvousConnectionError,
-        RendezvousTimeoutError,
-    )
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import main as torchrun
 
     from slurmddp.launch.startup import host_name, startup_timeout
@@ -277,9 +272,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
                           os.environ, timeout_s)  # fmt: skip
     reach_rendezvous(args, os.environ)
-    watcher = stranded.start(os.environ, _option(args, "--rdzv-endpoint", "--rdzv_endpoint"),
-                             _option(args, "--rdzv-backend", "--rdzv_backend") or "static",
-                             host_name())  # fmt: skip
     # Given first, so that a --log-dir of the user's, later, wins (argparse keeps the last).
     log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     try:
@@ -292,10 +284,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"slurmddp: agent (host {host_name()}): a spare, released: the rendezvous closed",
               file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(0) from None
-    except RendezvousConnectionError:
-        if watcher is not None:
-            stranded.linger(watcher)  # its batch host lost: the job may need requeueing
-        raise
     except RendezvousTimeoutError:
         # Too few nodes came back after a loss (or at the start) for --nnodes' minimum: the
         # supervisor's decision requeues the job (slurmddp.preemption.decision).
