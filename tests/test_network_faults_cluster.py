@@ -160,3 +160,40 @@ def test_a_node_cut_off_under_a_spare_is_replaced_in_place_and_its_return_change
     # The cut node's return did not restart the workers again: one resume, the cut's.
     assert logs.count("resumed from ") == 1, logs
     assert len(re.findall(r"step \d+ ", logs)) > steps_at_return
+
+
+# Not in the full run either (`alone`). The same cut under snapshots, a rank a node: the spare's
+# rank fetches the cut node's shard from its replica on another node (the cut node's store, alive
+# and holding it, is out of reach), and the run resumes in place from the last snapshot.
+@pytest.mark.alone
+@pytest.mark.slurm("24.11")
+def test_a_node_cut_off_under_snapshots_is_replaced_from_its_replica_in_place(
+        slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
+    from tests.checkpoint.test_snapshots_cluster import (
+        EVERY_STEP,
+        last_step_before_recovery,
+        resumed_at,
+        spare_job,
+    )
+    from tests.test_elastic_cluster import assert_bitwise, node_logs, wait_logged, workers_on
+
+    job = spare_job(slurm_cluster, tmp_path, *EVERY_STEP, per_node=1)
+    wait_logged(job, "] step 60 ", 180)
+    nodes = hostlist.expand(job.fields()["NodeList"])
+    lost = next(node for node in nodes[1:] if workers_on(job, node))
+    with link_cut(slurm_cluster, lost):
+        start = time.time()
+        wait_logged(job, "resuming from the snapshot", 120)
+        back = time.time() - start
+        before = last_step_before_recovery(job)
+        time.sleep(max(0.0, 40 - (time.time() - start)))  # under SlurmdTimeout (60 s)
+    end = job.wait_end(timeout=300)
+    logs = "".join(node_logs(job).values())
+    (at,) = resumed_at(logs)
+    print(f"{lost}'s link cut at step {before} -> resumed in place from the snapshot of step {at} "
+          f"in {back:.1f} s")
+    # A snapshot every step: at most the one being taken is lost, and the one before it.
+    assert before - at <= 2, (before, at)
+    assert "1 of 2 shards fetched from peers" in logs, logs  # the spare's, from the replica
+    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
+    assert_bitwise(logs, reference_digest_2x1, ranks=2)

@@ -9,7 +9,9 @@ boundary (slurmddp.preemption).
 A ``--rdzv-endpoint`` given without a port gets one derived from the job and step ids, as
 MASTER_PORT is (`env.derive_port`): a fixed port would let a second job whose first node
 is shared join the first job's rendezvous. A node whose rendezvous beats stop (lost, or gone
-silent) sends the other agents back to the rendezvous at once (`restart_when_a_peer_is_lost`).
+silent) sends the other agents back to the rendezvous at once (`restart_when_a_peer_is_lost`);
+a lost batch host, and the rendezvous with it, gets the job requeued by an agent that survived
+it (`slurmddp.launch.stranded`).
 torchrun's log directory, when the workers' logs do not go there, leaves nothing behind:
 torch makes one in /tmp per agent and run (``torchelastic_*``) and keeps it, empty, forever.
 Everything else is torchrun's (torch.distributed.run).
@@ -27,7 +29,7 @@ from typing import Any
 
 from slurmddp import patches
 from slurmddp.errors import EnvError
-from slurmddp.launch import network
+from slurmddp.launch import network, stranded
 from slurmddp.preemption import signals
 from slurmddp.protocol import NODES_LOST_FILE_VAR, NOT_REQUEUED_STATUS
 from slurmddp.rank.env import derive_port, port_range
@@ -257,7 +259,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Workers are born with the stop signal blocked, so it cannot end one before its runner
     # takes it; the relay then reaches them as a pending signal at the latest.
     signals.route(signals.stop_signal(os.environ), _relay)
-    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.run import main as torchrun
 
     from slurmddp.launch.startup import host_name, startup_timeout
@@ -284,6 +289,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"slurmddp: agent (host {host_name()}): a spare, released: the rendezvous closed",
               file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(0) from None
+    except RendezvousConnectionError:
+        def say(said: str, requeued: bool) -> None:
+            line = f"slurmddp: agent (host {host_name()}): {said}"
+            print(line, file=sys.stderr, flush=True)
+            events.emit("agent", line=line.removeprefix("slurmddp: "), host=host_name(),
+                        requeued=requeued)  # fmt: skip
+
+        stranded.after_lost_rendezvous(os.environ, say)
+        raise
     except RendezvousTimeoutError:
         # Too few nodes came back after a loss (or at the start) for --nnodes' minimum: the
         # supervisor's decision requeues the job (slurmddp.preemption.decision).

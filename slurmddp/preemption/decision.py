@@ -112,6 +112,7 @@ class Facts:
     suspects: tuple[tuple[int, str], ...] = ()  # the hang's suspects: (rank, node)
     seen: str | None = None  # srun's first error line of this run ("srun: error: NODE: task...")
     signalled: str | None = None  # its first of a task ended by a node's signal (SIGBUS, SIGILL)
+    aborted: str | None = None  # the node srun aborted the step for (its step daemon lost there)
     reported: str | None = None  # the first failure a rank reported (the failure file's first line)
     preflight_status: int | None = None  # the preflight's status when it failed
     slow: tuple[tuple[str, str], ...] = ()  # nodes the watchdog's pace named slow: (node, why)
@@ -191,7 +192,8 @@ def _decide(f: Facts) -> Decision:
         return _requeue(f, f"{_stop_cause(f)}, {f.asked}", notes)
     if f.step_status is None:
         if f.preflight_status is not None and not f.received:
-            preflight = nodes.Failure(f.preflight_status, f.seen, f.reported, f.signalled)
+            preflight = nodes.Failure(f.preflight_status, f.seen, f.reported, f.signalled,
+                                      f.aborted)
             said = (*notes, *preflight.summary("the preflight"))
             return _without_node(f, preflight.blame(preflight=True), "failed its preflight",
                                  said, Decision("fail", f.preflight_status, said))  # fmt: skip
@@ -238,7 +240,7 @@ def cause(f: Facts, d: Decision) -> str:
 
 
 def _failure(f: Facts) -> nodes.Failure:
-    return nodes.Failure(f.step_status or 0, f.seen, f.reported, f.signalled)
+    return nodes.Failure(f.step_status or 0, f.seen, f.reported, f.signalled, f.aborted)
 
 
 def _without_node(f: Facts, blame: nodes.Blame | None, what: str, said: tuple[str, ...],

@@ -7,6 +7,9 @@ when the failure looks like a machine's, never for a script's own error:
 
 - srun saw a task of that node ended by a signal that broken hardware sends (`NODE_SIGNALS`),
   first or after others (a rank whose peer died so exits at once, and may reach srun first);
+- srun aborted the step for that node: it lost the step's daemon there and the node's slurmd
+  came back without it (a machine that crashed and rebooted, or a restarted slurmd, within
+  ``SlurmdTimeout``): srun then ends every task of the step, ``--no-kill`` or not (`aborted`);
 - a rank of that node reported an error its GPU or driver gives when broken (`NODE_ERRORS`);
 - the hang watchdog's suspects all run on that node and are stuck on their own: stopped, or not
   waiting for any other rank (`slurmddp.watchdog.verdict`; a rank merely out of step with the
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from slurmddp.errors import HostlistError, NodeCheckError
 from slurmddp.rank import hostlist
@@ -39,6 +42,8 @@ NODE_ERRORS = (
     "has fallen off the bus",
 )
 
+# srun's words for the abort (22.05 to 26.05); K is the node's place in the step's node list.
+_ABORT_LINE = re.compile(r"srun: error: Aborting, io error and missing step on node (?P<index>\d+)")
 _SRUN_LINE = re.compile(r"srun: error: (?P<node>[^ ]+): (?P<tasks>tasks? [0-9,-]+): (?P<what>.*)")
 _RANK_LINE = re.compile(r"rank (?P<rank>\S+) \(host (?P<node>[^)\s]+)\) (?P<what>.*)")
 
@@ -61,6 +66,7 @@ class Failure:
     # srun's first line of a task ended by a `NODE_SIGNALS` signal, where it is not `seen`: a rank
     # that lost its peer to the node's fault may exit, and reach srun, before the peer's end does.
     signalled: str | None = None
+    aborted: str | None = None  # the node srun aborted the step for (`aborted`)
 
     def _seen(self) -> re.Match[str] | None:
         return _SRUN_LINE.fullmatch(self.seen.strip()) if self.seen else None
@@ -68,6 +74,10 @@ class Failure:
     def summary(self, what: str = "the step") -> tuple[str, ...]:
         """Which rank failed first and how, for the batch log."""
         m = self._seen()
+        if self.aborted:  # srun ended every task itself: who ended first says nothing
+            return (f"{what} failed with status {self.status}: srun aborted it, having lost the "
+                    f"step's daemon on {self.aborted} (its slurmd came back without it: the "
+                    "machine crashed and rebooted, or its slurmd restarted)",)  # fmt: skip
         lines = [f"{what} failed with status {self.status}" + (
             f"; the first to end, as srun saw it: {m['tasks']} on {m['node']} ({m['what']})"
             if m else "")]  # fmt: skip
@@ -91,6 +101,8 @@ class Failure:
 
         In the preflight any task ended by a signal blames its node (the preflight runs no code
         of the user's), and so does a rank whose own check failed (`NodeCheckError`)."""
+        if self.aborted:
+            return Blame(self.aborted, "srun lost the step's daemon there and aborted the step")
         m = self._seen()
         if m and "Exited with exit code" not in m["what"] and (
                 preflight or any(s in m["what"] for s in NODE_SIGNALS)):  # fmt: skip
@@ -167,6 +179,14 @@ def signalled(lines: Iterable[str]) -> str | None:
         if m and any(s in m["what"] for s in NODE_SIGNALS):
             return m.group(0)
     return None
+
+
+def aborted(text: str, step_nodes: Sequence[str]) -> str | None:
+    """The node of `step_nodes` (the step's, in order) that srun aborted the step for, from its
+    output `text`; None where it did not, or names a node the list does not have."""
+    m = _ABORT_LINE.search(text)
+    index = int(m["index"]) if m else -1
+    return step_nodes[index] if 0 <= index < len(step_nodes) else None
 
 
 def _strip(line: str) -> str:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from slurmddp.errors import HostlistError
 from slurmddp.preemption import nodes
 from slurmddp.protocol import (
     ASKED_FILE_VAR,
@@ -20,6 +21,7 @@ from slurmddp.protocol import (
     NODES_LOST_FILE_VAR,
     REQUEUE_FILE_VAR,
 )
+from slurmddp.rank import hostlist
 
 # srun names the task and node it saw end first (tasks of one node that end together share a line).
 _SRUN_ERROR = re.compile(r"^srun: error: [^ ]+: tasks? [0-9,-]+: .*$", re.MULTILINE)
@@ -35,6 +37,7 @@ class Outcome:
     nodes_lost: str | None = None
     seen: str | None = None
     signalled: str | None = None
+    aborted: str | None = None
     reported: str | None = None
     hung: bool = False
     suspects: tuple[tuple[int, str], ...] = ()
@@ -56,7 +59,12 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
         requeue.unlink(missing_ok=True)  # taken: a later run starts without it
     done, used = _path(environ, DONE_FILE_VAR), _path(environ, ASKED_FILE_VAR)
     verdicts, suspects = _hang(_path(environ, HANG_DIR_VAR))
-    seen = _srun_errors(batch_log, log_start)
+    text = _run_text(batch_log, log_start)
+    seen = _SRUN_ERROR.findall(text)
+    try:  # the step spans the job's nodes, in their order
+        step_nodes = hostlist.expand(environ.get("SLURM_JOB_NODELIST", ""))
+    except HostlistError:
+        step_nodes = []
     return Outcome(
         asked=(asked or "").strip() or None,
         done=done is not None and done.exists(),
@@ -64,6 +72,7 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
         nodes_lost=_first_line(_path(environ, NODES_LOST_FILE_VAR)) if elastic else None,
         seen=seen[0] if seen else None,
         signalled=nodes.signalled(seen),
+        aborted=nodes.aborted(text, step_nodes),
         reported=_first_of_run(_path(environ, FAILURE_FILE_VAR),
                                environ.get("SLURM_RESTART_COUNT") or "0"),
         hung=bool(verdicts), suspects=suspects, verdicts=verdicts,
@@ -71,17 +80,16 @@ def read(environ: Mapping[str, str], *, batch_log: Path | None, log_start: int,
     )  # fmt: skip
 
 
-def _srun_errors(log: Path | None, start: int) -> list[str]:
-    """srun's error lines naming a task and its node, in the batch log from `start` on."""
+def _run_text(log: Path | None, start: int) -> str:
+    """The batch log from `start` on: this run's lines ("" where it cannot be read)."""
     if log is None:
-        return []
+        return ""
     try:
         with log.open("rb") as f:
             f.seek(start)
-            text = f.read().decode(errors="replace")
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
-    return _SRUN_ERROR.findall(text)
+        return ""
 
 
 def _hang(hang_dir: Path | None) -> tuple[tuple[str, ...], tuple[tuple[int, str], ...]]:

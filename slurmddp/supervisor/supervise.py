@@ -99,7 +99,8 @@ class Supervisor:
         """Name what ended the last run where it left no decision: Slurm took the job from it
         (a node of it stopped answering, its batch host among them) and requeued it."""
         path = self.environ.get(protocol.EVENTS_FILE_VAR)
-        last = events.undecided(events.read(Path(path)), run.restart - 1) if path else None
+        told = events.read(Path(path)) if path else []
+        last = events.undecided(told, run.restart - 1)
         if last is None:
             return
         from slurmddp.preemption import decision, nodes, slurm
@@ -108,8 +109,11 @@ class Supervisor:
         cause = f"node lost: {','.join(lost)}" if lost else "requeued by Slurm"
         why = (f"Slurm lost {', '.join(lost)} (not responding: the machine, its slurmd or its "
                "link)" if lost else "Slurm requeued the job")  # fmt: skip
+        # An elastic job's lost batch host: an agent of another node requeued it (launch.stranded).
+        by = next((f"the agent on {e.get('host')}" for e in told if e["kind"] == "agent"
+                   and e.get("run") == run.restart - 1 and e.get("requeued")), "Slurm")  # fmt: skip
         line = (f"run {run.restart} on {last or 'its nodes'} ended without a decision: {why}; "
-                "requeued by Slurm")
+                f"requeued by {by}")
         _say(line)
         _, allowed = decision.requeue_budget(self.environ)
         events.emit("decision", self.environ, run=run.restart - 1, action="requeue", status=None,

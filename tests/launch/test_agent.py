@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
@@ -190,3 +191,38 @@ def test_an_endpoint_without_a_route_ends_the_agent_in_one_line():
     with mock.patch("slurmddp.launch.network.resolve", return_value=None), \
             pytest.raises(SystemExit, match="at nowhere:29400: it has no address here; give"):
         agent.reach_rendezvous(_rdzv("nowhere:29400"), {"SLURMD_NODENAME": "n2"})
+
+
+def test_a_failed_rendezvous_asks_whether_the_batch_host_is_lost_then_fails_as_torchrun(
+        tmp_path):  # fmt: skip
+    # A process of its own: the agent's main routes signals and patches torch's agent.
+    events = tmp_path / "events.jsonl"
+    code = """if True:
+        import sys
+        import torch.distributed.run
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+        from slurmddp.launch import agent, stranded
+
+        def torchrun(args):
+            raise RendezvousConnectionError("the store at n1:29400 is gone")
+
+        def lost(environ, say):
+            say("the batch host n1 is lost (DOWN): requeued", True)
+
+        torch.distributed.run.main = torchrun
+        stranded.after_lost_rendezvous = lost
+        try:
+            agent.main(["--standalone", "train.py"])
+        except RendezvousConnectionError as e:
+            print("raised:", e)
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=launcher_free_env(SLURMDDP_EVENTS_FILE=str(events),
+                                             SLURMD_NODENAME="n2"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "raised: the store at n1:29400 is gone\n"
+    assert "slurmddp: agent (host n2): the batch host n1 is lost (DOWN): requeued\n" in r.stderr
+    (told,) = [json.loads(line) for line in events.read_text().splitlines()]
+    assert {k: told[k] for k in ("kind", "host", "requeued", "line")} == {
+        "kind": "agent", "host": "n2", "requeued": True,
+        "line": "agent (host n2): the batch host n1 is lost (DOWN): requeued"}

@@ -117,6 +117,12 @@ CASES = [
         partition=FOUR),
      "requeue", 0, "then task 1 on n2 was ended by a signal (Bus error) and could not report: the "
      "failures before it followed from losing it"),
+    # srun aborted the step for n2 (its step daemon lost, its slurmd back): every task killed by
+    # srun, n1's first; elastic or not, requeued without n2.
+    ("aborted", facts(step_status=137, seen="srun: error: n1: task 0: Killed", aborted="n2",
+                      elastic=True, job=ON_TWO, partition=FOUR),
+     "requeue", 0, "job 41 failed at restart 0 because of node n2 (srun lost the step's daemon "
+     "there and aborted the step): requeued without it (1 of 3); the job now excludes n2"),
     ("bus-error-again", facts(step_status=135, seen=BUS, restart=1, partition=FOUR,
                               job=ON_TWO | {"ExcNodeList": "n1"}),
      "requeue", 0, "the job now excludes n[1-2]"),

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from slurmddp.preemption.decision import partition_fields
-from slurmddp.preemption.nodes import Failure, exclusion, hang_blame, not_responding
+from slurmddp.preemption.nodes import (
+    Blame,
+    Failure,
+    aborted,
+    exclusion,
+    hang_blame,
+    not_responding,
+)
 
 JOB = {"NumNodes": "2", "ExcNodeList": "(null)"}
 PARTITION = {"PartitionName": "debug", "TotalNodes": "4"}
@@ -41,6 +48,29 @@ def test_the_summary_names_the_first_to_end_and_the_first_report():
         "from losing it",
     )
     assert Failure(3).summary("the preflight") == ("the preflight failed with status 3",)
+
+
+ABORTED = """srun: error: _server_write write failed: Bad file descriptor
+srun: error: Aborting, io error and missing step on node 1
+srun: Job step aborted: Waiting up to 7 seconds for job step to finish.
+srun: error: n1: task 0: Killed
+srun: error: n3: task 2: Killed
+"""  # a 22.05 batch log: n2 crashed, and its slurmd came back within SlurmdTimeout
+
+
+def test_a_step_srun_aborted_for_a_node_blames_that_node_not_the_first_it_killed():
+    node = aborted(ABORTED, ["n1", "n2", "n3"])
+    assert node == "n2"
+    failure = Failure(137, "srun: error: n1: task 0: Killed", "slurmddp: rank 0 (host n1) failed: "
+                      "RuntimeError: Connection closed by peer", aborted=node)  # fmt: skip
+    assert failure.blame() == Blame("n2", "srun lost the step's daemon there and aborted the step")
+    assert failure.summary() == (
+        "the step failed with status 137: srun aborted it, having lost the step's daemon on n2 "
+        "(its slurmd came back without it: the machine crashed and rebooted, or its slurmd "
+        "restarted)",)
+    # No abort, or a node the step's list does not have: nothing.
+    assert aborted(ABORTED.replace("Aborting", "Quitting"), ["n1", "n2"]) is None
+    assert aborted(ABORTED, ["n1"]) is None and aborted(ABORTED, []) is None
 
 
 @pytest.mark.parametrize(("excluded", "node", "result"), [

@@ -54,6 +54,13 @@ def test_a_run_that_never_asked_and_failed_on_a_node(tmp_path):
     assert (ended.seen, ended.signalled) == ("srun: error: n2: tasks 2-3: Killed",
                                              "srun: error: n3: task 5: Bus error")
     assert (ended.protocol_used, ended.nodes_lost) == (False, "slurmddp: too few nodes")
+    assert ended.aborted is None
+    # srun aborted the step for its second node (its step daemon lost): named from the job's list.
+    with log.open("a") as f:
+        f.write("srun: error: Aborting, io error and missing step on node 1\n")
+    ended = outcome.read(environ | {"SLURM_JOB_NODELIST": "n[1-3]"}, batch_log=log,
+                         log_start=start, elastic=True)  # fmt: skip
+    assert ended.aborted == "n2"
     assert outcome.read(environ, batch_log=log, log_start=start, elastic=False).nodes_lost is None
 
 
@@ -83,7 +90,7 @@ def test_a_hung_run_names_its_suspects(tmp_path):
     assert ended.hung and ended.suspects == ((1, "n2"), (2, "n2"))
     assert ended.verdicts == ("hung: ranks of a", "hung: ranks of b")
     assert set(ended.facts()) == {"asked", "done", "protocol_used", "nodes_lost", "seen",
-                                  "signalled", "reported", "hung", "suspects",
+                                  "signalled", "aborted", "reported", "hung", "suspects",
                                   "slow"}  # fmt: skip
 
 
@@ -162,3 +169,9 @@ def test_a_run_slurm_took_the_job_from_is_named_by_the_next(tmp_path, monkeypatc
     assert {k: decision[k] for k in want} == want
     supervisor._explain_the_last_run(Run.of(environ))  # it decided now: nothing more is asked
     assert len(asked) == 1 and capsys.readouterr().err == ""
+    # An elastic job whose batch host was lost: another node's agent requeued it (launch.stranded).
+    told.write_text('{"t": 1, "kind": "run", "run": 0, "nodes": "n[1-2]"}\n'
+                    '{"t": 3, "kind": "agent", "run": 0, "host": "n2", "requeued": true}\n')
+    supervisor._explain_the_last_run(Run.of(environ))
+    assert capsys.readouterr().err.splitlines() == [
+        said.replace("requeued by Slurm", "requeued by the agent on n2")]
