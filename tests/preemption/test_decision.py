@@ -123,6 +123,12 @@ CASES = [
                       elastic=True, job=ON_TWO, partition=FOUR),
      "requeue", 0, "job 41 failed at restart 0 because of node n2 (srun lost the step's daemon "
      "there and aborted the step): requeued without it (1 of 3); the job now excludes n2"),
+    ("aborted-srun-launcher", facts(step_status=137, seen="srun: error: n1: task 0: Killed",
+                                    aborted="n2", job=ON_TWO, partition=FOUR),
+     "requeue", 0, "because of node n2 (srun lost the step's daemon there"),
+    # The work was done before the abort (the other nodes finished it): nothing to requeue.
+    ("aborted-after-the-work", facts(step_status=137, aborted="n2", elastic=True, done=True,
+                                     job=ON_TWO, partition=FOUR), "done", 0, None),
     ("bus-error-again", facts(step_status=135, seen=BUS, restart=1, partition=FOUR,
                               job=ON_TWO | {"ExcNodeList": "n1"}),
      "requeue", 0, "the job now excludes n[1-2]"),
