@@ -123,6 +123,13 @@ SPARE_ONE = ["--nodes", "2", "--spare-nodes", "1", "--ntasks-per-node", "2", "--
 # The same with one worker a node, where the ranks a node holds are not the claim.
 SPARE_ONE_2x1 = [*SPARE_ONE[:5], "1", *SPARE_ONE[6:]]
 
+def cluster_up() -> None:
+    """The cluster's daemons up again (`scripts/slurm-cluster up` starts what is missing): after a
+    test killed or stopped a node's."""
+    up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+
+
 def wait_logged(job: Job, text: str, timeout: float) -> None:
     """Wait until a node's torchrun log shows `text`."""
     wait_until(lambda: text in "".join(node_logs(job).values()), timeout,
@@ -187,9 +194,7 @@ def test_a_lost_batch_host_gets_the_job_requeued_by_a_surviving_agent_and_it_end
         print(f"batch host {lost} lost -> training again on other nodes: "
               f"{time.time() - killed:.1f} s")
     finally:
-        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
+        cluster_up()
     end = job.wait_end(timeout=300)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", job.batch_log + logs
@@ -224,9 +229,7 @@ def test_a_crashed_machine_back_within_slurmd_timeout_gets_the_job_requeued_with
     try:
         wait_logged(job, "resumed from ", 120)  # the spare in its place
     finally:
-        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
+        cluster_up()
     end = job.wait_end(timeout=300)
     logs = "".join(node_logs(job).values())
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", job.batch_log + logs
@@ -395,9 +398,7 @@ def silent_machine(job: Job, node: str) -> Iterator[list[int]]:
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
+        cluster_up()
 
 
 # 26.05 only. On 24.11 it failed in a fresh run (2026-12-06), as a silent machine then a killed
@@ -494,9 +495,7 @@ def test_a_node_whose_slurmd_dies_costs_no_requeue(slurm_cluster, tmp_path,
         wait_until(lost_to_slurm, 150, lambda: f"Slurm to lose {lost}: {state[0]!r}")
         end = job.wait_end(timeout=300)
     finally:
-        up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
+        cluster_up()
     logs = "".join(node_logs(job).values())
     print(f"{lost}'s slurmd killed; re-rendezvous seen: {'resumed from' in logs}")
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
