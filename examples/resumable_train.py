@@ -47,6 +47,9 @@ def main() -> int:
     p.add_argument("--fresh-step-time", type=float,
                    help="seconds of extra work per step until the first resume (default: "
                         "--step-time): a first run that cannot finish, resumed runs that can")
+    p.add_argument("--requeued-step-time", type=float,
+                   help="seconds of extra work per step in a requeued run (SLURM_RESTART_COUNT "
+                        "over 0; default: as before)")
     p.add_argument("--cpu-time", type=float, default=0.0,
                    help="CPU seconds of work per step on the rank's own CPU (a throttled node "
                         "takes longer for it)")
@@ -97,6 +100,8 @@ def main() -> int:
 
     fresh = args.step_time if args.fresh_step_time is None else args.fresh_step_time
     step_time = args.step_time if loaded is not None else fresh
+    if args.requeued_step_time is not None and int(os.environ.get("SLURM_RESTART_COUNT") or 0):
+        step_time = args.requeued_step_time
 
     def state() -> dict:
         return train_state.capture(model=ddp, optimizer=optimizer, scheduler=scheduler,

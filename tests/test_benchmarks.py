@@ -20,6 +20,7 @@ from benchmarks import (
     training_overhead,
 )
 from benchmarks.table import Row, dump, render
+from tests.conftest import ELSEWHERE_SLURM
 
 
 def check(rows: list[Row]) -> None:
@@ -86,9 +87,11 @@ def test_rendezvous_scale():
 
 
 @pytest.mark.cluster
+@ELSEWHERE_SLURM
 def test_preemption_turnaround(slurm_cluster):
     # 1 node x 1 rank, not the benchmark's 2 x 2: the same phases, a quarter of the processes
-    # importing torch in each of the two runs.
+    # importing torch in each of the two runs. On 24.11: the passes share the cluster tests by
+    # their length (its requeue waits as on every version).
     check(preemption_turnaround.run(repeats=1, nodes=1, per_node=1))
 
 

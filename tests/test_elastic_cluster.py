@@ -217,10 +217,12 @@ def test_a_crashed_machine_back_within_slurmd_timeout_gets_the_job_requeued_with
     # restarted slurmd) without the step's daemon, and srun aborts the whole step, --no-kill or
     # not ("Aborting, io error and missing step on node 1"), killing every task, the innocent
     # first: the run's end is laid on the machine, and the job resumes without it.
-    # Steps slow enough that the training outlives the slurmd's return by half a minute or more.
+    # Steps slow enough that the training outlives the slurmd's return by half a minute or more;
+    # the requeued run's take no extra time.
     job = Job(slurm_cluster, tmp_path, [
         *SPARE_ONE_2x1, RESUMABLE, "--steps", "300", "--save-every", "20", "--step-time", "0.15",
-        "--log-every", "10", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--requeued-step-time", "0", "--log-every", "10",
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
     ])  # fmt: skip
     wait_logged(job, "step 20 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])

@@ -34,7 +34,7 @@ from benchmarks.cluster import job_processes
 from slurmddp.preemption import slurm
 from slurmddp.rank import hostlist
 from slurmddp.supervisor import fence
-from tests.conftest import EVERY_SLURM, ROOT, wait_until
+from tests.conftest import EVERY_SLURM, ROOT, tagged_json, wait_until
 from tests.preemption.test_preemption_cluster import Job, train_args
 
 pytestmark = pytest.mark.cluster
@@ -77,23 +77,46 @@ def test_the_fence_finds_the_controller_and_its_route_on_every_version(slurm_clu
 # `slurm-cluster up` set it up again mid-test (fresh run 28). Run by itself:
 # SLURMDDP_SLURM=24.11 scripts/test -m alone. 24.11: the fence and the next run's words are
 # slurmddp's; what Slurm does to a node that stops answering is the dead slurmd's test's.
+# Under torchrun with a spare, the batch host also holds the agents' c10d rendezvous: the other
+# agents wait on it, silent, with no bound, and Slurm keeps the --no-kill job without its script;
+# another node's agent, whose watcher found the rendezvous silent, requeues it once Slurm marks the
+# host lost (slurmddp.launch.stranded).
+TORCHRUN_SPARE = ["--launcher", "torchrun", "--spare-nodes", "1", "--max-restarts", "3"]
+
+
 @pytest.mark.alone
 @pytest.mark.slurm("24.11")
+@pytest.mark.parametrize("launcher", [[], TORCHRUN_SPARE], ids=["srun", "torchrun-spare"])
 def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_bitwise(
-        slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
+        slurm_cluster, tmp_path, reference_digest_2x1, launcher):  # fmt: skip
+    from tests.test_elastic_cluster import node_logs
+
     job = Job(slurm_cluster, tmp_path, [
-        *train_args(tmp_path / "ckpt", steps=300, step_time=0.1, per_node=1),
+        *launcher, *train_args(tmp_path / "ckpt", steps=300, step_time=0.1, per_node=1),
         "--save-every", "20"])  # fmt: skip
-    job.wait_for_log(r"step 60 ")
+
+    def log() -> str:  # rank 0's, tagged "[0/2] " by torchrun
+        return "".join(node_logs(job).values()) if launcher else job.log()
+
+    def logged(pattern: str, timeout: float) -> None:
+        wait_until(lambda: re.search(pattern, log()), timeout,
+                   lambda: f"{pattern!r} in job {job.id}:\n{job.batch_log}\n{log()}")  # fmt: skip
+
+    logged(r"step 60 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = nodes[0]
     with link_cut(slurm_cluster, lost):
         start = time.time()
         job.wait_requeued(1, timeout=150)
-        job.wait_for_log(r"resumed from \S+ at step \d+[^\n]*\nstep \d+ ", timeout=120)
+        logged(r"resumed from \S+ at step \d+[^\n]*\n(\[\d+/\d+\] )?step \d+ ", 120)
         back = time.time() - start
         # Still cut, until the fence (half again SlurmdTimeout) has ended run 0's step on it.
         wait_until(lambda: "(fenced)" in job.batch_log, 90, lambda: f"the fence:\n{job.batch_log}")
+        if launcher:
+            # Under --no-kill the batch step a returning host ends then reports its end, which
+            # Slurm 24.11 takes for the requeued job's (slurmddp.launch.stranded): here the host
+            # stays lost until the job has ended, as a machine that crashed.
+            job.wait_end()
     print(f"{lost}'s link cut -> training again on the other nodes: {back:.1f} s")
     # The link back while run 1 trains. Run 0's processes there end (their peers are gone). Slurm
     # takes a DOWN node back once its slurmd registers again (ReturnToService=2): a batch host's
@@ -109,17 +132,21 @@ def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_b
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", batch
     second = re.findall(r"^slurmddp: job \d+ \(restart 1\) on (\S+)$", batch, re.M)
     assert second and lost not in hostlist.expand(second[0]), batch
-    named = (f"slurmddp: run 1 on {hostlist.compress(nodes)} ended without a decision: Slurm lost "
-             f"{lost} (not responding: the machine, its slurmd or its link); requeued by Slurm")
-    assert named in batch, batch
+    by = r"the agent on n\d" if launcher else "Slurm"
+    assert re.search(rf"^slurmddp: run 1 on {re.escape(hostlist.compress(nodes))} ended without a "
+                     rf"decision: Slurm lost {lost} \(not responding: the machine, its slurmd or "
+                     rf"its link\); requeued by {by}$", batch, re.M), batch
     assert re.search(rf"^slurmddp: {lost} has had no route to slurmctld \(\S+\) for (9\d|1\d\d) s, "
                      r"over its SlurmdTimeout \(60 s\): .* \(fenced\)$", batch, re.M), batch
     assert "Terminating StepId" not in batch, batch  # no srun of run 0 ended run 1's step
     told = [json.loads(line) for line in (job.folder / job.id / "events.jsonl").open()]
     decisions = [(e["run"], e["cause"]) for e in told if e["kind"] == "decision"]
     assert decisions == [(0, f"node lost: {lost}"), (1, "finished")], decisions
-    results = job.results()
-    assert {x["digest"] for x in results} == {reference_digest_2x1}, results
+    if launcher:
+        assert re.search(rf"agent \(host n\d\): the batch host {lost} is lost \(\S+\), and with "
+                         r"it torchrun's rendezvous; .*: requeued", log()), log()
+    results = tagged_json(log(), "RESULT ") if launcher else job.results()
+    assert len(results) == 2 and {x["digest"] for x in results} == {reference_digest_2x1}, results
     assert {x["restart"] for x in results} == {1}
 
 

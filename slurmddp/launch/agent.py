@@ -255,6 +255,16 @@ def restart_when_a_peer_is_lost() -> None:
     patches.apply(LOST_NODE)
 
 
+def _say(said: str, requeued: bool) -> None:
+    """What `stranded` did, in the agent's log and the job's events."""
+    from slurmddp.launch.startup import host_name
+
+    line = f"slurmddp: agent (host {host_name()}): {said}"
+    print(line, file=sys.stderr, flush=True)
+    events.emit("agent", line=line.removeprefix("slurmddp: "), host=host_name(),
+                requeued=requeued)  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     # Workers are born with the stop signal blocked, so it cannot end one before its runner
     # takes it; the relay then reaches them as a pending signal at the latest.
@@ -277,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = with_rdzv_conf(with_rdzv_port(sys.argv[1:] if argv is None else argv, os.environ),
                           os.environ, timeout_s)  # fmt: skip
     reach_rendezvous(args, os.environ)
+    if (_option(args, "--rdzv-backend", "--rdzv_backend") or "static") == "c10d":
+        stranded.start(os.environ, _option(args, "--rdzv-endpoint", "--rdzv_endpoint") or "", _say)
     # Given first, so that a --log-dir of the user's, later, wins (argparse keeps the last).
     log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     try:
@@ -290,13 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(0) from None
     except RendezvousConnectionError:
-        def say(said: str, requeued: bool) -> None:
-            line = f"slurmddp: agent (host {host_name()}): {said}"
-            print(line, file=sys.stderr, flush=True)
-            events.emit("agent", line=line.removeprefix("slurmddp: "), host=host_name(),
-                        requeued=requeued)  # fmt: skip
-
-        stranded.after_lost_rendezvous(os.environ, say)
+        stranded.after_lost_rendezvous(os.environ, _say)
         raise
     except RendezvousTimeoutError:
         # Too few nodes came back after a loss (or at the start) for --nnodes' minimum: the

@@ -6,24 +6,28 @@ lost is the batch host (the batch script and its supervisor, and the agents' c10
 nothing can go on: Slurm (24.11, seen) removes the node from the job, kills its batch step, and
 keeps the job RUNNING on the other nodes without a script, until its time limit.
 
-The other agents learn it from torch where the host resets their connections (its processes
-killed while its kernel answers): their rendezvous fails (``RendezvousConnectionError``). Then
-`after_lost_rendezvous` runs in the agents of the step's second and third nodes (`WATCHERS`:
-two, so that one lost with the batch host leaves the other; every agent asking Slurm would be a
-thousand calls a period in a large job). It asks Slurm for the job's batch host
-and dials that host's slurmd (a connection opened and closed): where it answers, the host is
-there and its own batch script decides what the job does, so the agent ends at once, as
-torchrun would have. Where it does not (a crashed machine, a cut link, its daemons killed), the
-agent waits for Slurm to agree, one ``show job`` and one ``show node`` a `PERIOD_S`, at most
-twice ``SlurmdTimeout``: once Slurm marks the host lost (DOWN, NOT_RESPONDING) and the job still
-runs, the agent requeues it (``scontrol requeue``); it runs again on other nodes and resumes from
-its checkpoint, and the next run names the node it lost. A job Slurm itself ended or requeued
-meanwhile, or a host whose slurmd answers again, is left alone.
+The other agents learn it in one of two ways. Where the host resets their connections (its
+processes killed while its kernel answers), torch tells them: their rendezvous fails
+(``RendezvousConnectionError``), and `after_lost_rendezvous` runs in the agent's main thread. Where
+the host is silent (a crash, a cut link), torch says nothing: its agents wait on the silent store
+with no bound (seen: 160 s, until the link came back). So the agents of the step's second and
+third nodes (`WATCHERS`: two, so that one lost with the batch host leaves the other; every agent
+asking Slurm would be a thousand calls a period in a large job) each run `watch` in a daemon
+thread: every `PERIOD_S` it dials the rendezvous (a connection opened and closed; torch's store
+says nothing of it). A host that accepts or refuses is there (a refusal: its processes ended, and
+torch's own failure follows); nothing else happens, and Slurm is not asked. One that stays silent
+`DIAL_TIMEOUT_S` gets `after_lost_rendezvous` too.
 
-Not covered: a silent batch host (a crash, a cut link) that resets no connection. torch's agents
-then wait on its store with no bound (seen: 160 s, until the link came back), so no rendezvous
-fails and nothing here runs; finding it needs a thread that dials the store while the training
-goes on.
+`after_lost_rendezvous` asks Slurm for the job's batch host and dials that host's slurmd: where it
+answers, the host is there and its own batch script decides what the job does (the main thread's
+agent ends at once, as torchrun would have; the watcher goes on watching). Where it does not (a
+crashed machine, a cut link, its daemons killed), the agent waits for Slurm to agree, one
+``show job`` and one ``show node`` a `PERIOD_S`, at most twice ``SlurmdTimeout``: once Slurm
+marks the host lost (DOWN, NOT_RESPONDING) and the job still runs, the agent requeues it
+(``scontrol requeue``); it runs again on other nodes and resumes from its checkpoint, and the
+next run names the node it lost and the agent that requeued it. A job Slurm itself ended or
+requeued meanwhile, or a host whose slurmd answers again, is left alone. One agent's two ways
+take turns (a lock): the second finds the job requeued, and leaves it.
 
 Not covered: a batch host cut off whose link comes back while the requeued job runs. Its batch
 step, ended when its slurmd registers again, reports its end then, and Slurm (24.11) takes it for
@@ -36,9 +40,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 
+from slurmddp.launch import network
 from slurmddp.preemption import decision, nodes, slurm
 
 PERIOD_S = 10.0
@@ -112,27 +118,41 @@ class Slurm:
     clock: Callable[[], float] = time.monotonic
 
 
+# One agent's main thread and its watcher act in turn.
+_ACTING = threading.Lock()
+
+
 def after_lost_rendezvous(environ: Mapping[str, str], say: Callable[[str, bool], None],
-                          calls: Slurm | None = None) -> None:
-    """Called once this agent's rendezvous failed: requeue the job where its batch host is lost
-    (see the module's docstring). `say(line, requeued)` tells what is done: before the requeue,
-    whose TERM to the job's tasks follows at once."""
-    calls = calls or Slurm()
+                          calls: Slurm | None = None) -> bool:
+    """Called once this agent's rendezvous failed or went silent: requeue the job where its
+    batch host is lost (see the module's docstring). `say(line, requeued)` tells what is done:
+    before the requeue, whose TERM to the job's tasks follows at once. False where there is
+    more to watch: the host's slurmd answered, or Slurm did not (this node may be the one cut
+    off); True where not (requeued, the job no longer running, left to Slurm, not a watcher)."""
+    with _ACTING:
+        return _act(environ, say, calls or Slurm())
+
+
+def _act(environ: Mapping[str, str], say: Callable[[str, bool], None], calls: Slurm) -> bool:
     job_id, node_id = environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_NODEID")
     if node_id not in WATCHERS or not job_id.isdigit():
-        return
+        return True
     job = calls.show_job(job_id)
+    if not job:
+        return False  # Slurm did not answer
     batch, restarts = job.get("BatchHost", ""), job.get("Restarts")
 
     def running() -> bool:  # and not requeued meanwhile, by Slurm or the other watcher
         return job.get("JobState") == "RUNNING" and job.get("Restarts") == restarts
 
     if not running() or not batch:
-        return
+        return True
     config = calls.show_config()
     where = host(batch, calls.show_node(batch), config)
-    if where is None or (not where.lost and calls.answering(where.address, where.port)):
-        return  # the batch host is there: its batch script decides
+    if where is None:
+        return False
+    if not where.lost and calls.answering(where.address, where.port):
+        return False  # the batch host is there: its batch script decides
     deadline = calls.clock() + 2 * slurmd_timeout_s(config) + PERIOD_S
     # The first watcher acts; the second a period later, where the first did not.
     turns = 1 if node_id == WATCHERS[0] else 2
@@ -144,14 +164,14 @@ def after_lost_rendezvous(environ: Mapping[str, str], say: Callable[[str, bool],
         elif calls.clock() >= deadline:
             say(f"the batch host {batch} does not answer, but Slurm still has it ({where.state}) "
                 "after twice its SlurmdTimeout: the job is left to Slurm", False)
-            return
+            return True
         calls.sleep(PERIOD_S)
-        job = calls.show_job(job_id)
+        job = calls.show_job(job_id) or job  # (Slurm silent a period: as it was)
         if not running():
-            return
+            return True
         where = host(batch, calls.show_node(batch), config) or where
         if not where.lost and calls.answering(where.address, where.port):
-            return  # back
+            return False  # back
     said = (f"the batch host {batch} is lost ({where.state}), and with it torchrun's rendezvous; "
             "Slurm keeps the job without its batch script (--no-kill)")
     target = decision.requeue_target(environ) or job_id
@@ -161,3 +181,42 @@ def after_lost_rendezvous(environ: Mapping[str, str], say: Callable[[str, bool],
         job = calls.show_job(job_id)
         if running():
             say(f"scontrol requeue {target} failed: {refused}; the job is left to Slurm", False)
+    return True
+
+
+def watch(environ: Mapping[str, str], address: str, port: int,
+          say: Callable[[str, bool], None], calls: Slurm | None = None,
+          reach: Callable[[str, int, float], None] = network.reach,
+          rounds: int | None = None) -> None:  # fmt: skip
+    """Dial the rendezvous at `address`:`port` every `PERIOD_S`; where it stays silent
+    `DIAL_TIMEOUT_S`, `after_lost_rendezvous`, until that is done (see the module's docstring).
+    `rounds` bounds the periods (tests)."""
+    calls = calls or Slurm()
+    done = 0
+    while rounds is None or done < rounds:
+        done += 1
+        calls.sleep(PERIOD_S)
+        try:
+            reach(address, port, DIAL_TIMEOUT_S)  # accepting or refusing: its host is there
+            continue
+        except network.Unreachable:
+            pass
+        if after_lost_rendezvous(environ, say, calls):
+            return
+
+
+def start(environ: Mapping[str, str], endpoint: str, say: Callable[[str, bool], None]
+          ) -> threading.Thread | None:  # fmt: skip
+    """`watch`'s daemon thread for torchrun's c10d rendezvous at `endpoint` (HOST:PORT), where
+    this agent is a watcher in a Slurm job; None elsewhere."""
+    name, _, port = endpoint.rpartition(":")
+    if (environ.get("SLURM_NODEID") not in WATCHERS or not environ.get("SLURM_JOB_ID", "").isdigit()
+            or not port.isdigit()):  # fmt: skip
+        return None
+    address = network.resolve(name)
+    if address is None:
+        return None
+    thread = threading.Thread(target=watch, args=(environ, address, int(port), say),
+                              name="slurmddp-batch-host", daemon=True)  # fmt: skip
+    thread.start()
+    return thread

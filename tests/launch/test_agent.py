@@ -211,8 +211,10 @@ def test_a_failed_rendezvous_asks_whether_the_batch_host_is_lost_then_fails_as_t
 
         torch.distributed.run.main = torchrun
         stranded.after_lost_rendezvous = lost
+        stranded.start = lambda environ, endpoint, say: print("watching", endpoint)
+        agent.reach_rendezvous = lambda args, environ: None
         try:
-            agent.main(["--standalone", "train.py"])
+            agent.main(["--rdzv-backend=c10d", "--rdzv-endpoint", "n1:29400", "train.py"])
         except RendezvousConnectionError as e:
             print("raised:", e)
     """
@@ -220,7 +222,8 @@ def test_a_failed_rendezvous_asks_whether_the_batch_host_is_lost_then_fails_as_t
                        env=launcher_free_env(SLURMDDP_EVENTS_FILE=str(events),
                                              SLURMD_NODENAME="n2"))  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "raised: the store at n1:29400 is gone\n"
+    # The watcher of a silent rendezvous started first (slurmddp.launch.stranded).
+    assert r.stdout == "watching n1:29400\nraised: the store at n1:29400 is gone\n"
     assert "slurmddp: agent (host n2): the batch host n1 is lost (DOWN): requeued\n" in r.stderr
     (told,) = [json.loads(line) for line in events.read_text().splitlines()]
     assert {k: told[k] for k in ("kind", "host", "requeued", "line")} == {
