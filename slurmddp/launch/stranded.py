@@ -29,10 +29,10 @@ next run names the node it lost and the agent that requeued it. A job Slurm itse
 requeued meanwhile, or a host whose slurmd answers again, is left alone. One agent's two ways
 take turns (a lock): the second finds the job requeued, and leaves it.
 
-Not covered: a batch host cut off whose link comes back while the requeued job runs. Its batch
-step, ended when its slurmd registers again, reports its end then, and Slurm (24.11) takes it for
-the requeued job's ("Batch completion ... sent from wrong node"), which ends FAILED; Slurm ignores
-it after a requeue of its own, which it does not make under ``--no-kill``.
+A batch host cut off whose link comes back while the requeued job runs: its step daemon then
+reports the end of the last run's step 0, which Slurm (24.11) takes for the requeued run's step 0
+after a requeue of ours (it ignores it after one of its own) and cancels it; the next run's
+supervisor runs an empty step first to take that id (`slurmddp.supervisor.supervise`).
 """
 
 from __future__ import annotations

@@ -180,6 +180,12 @@ def preflight(plan: Plan, run: Run) -> Step:
         "-m", PREFLIGHT_MODULE))  # fmt: skip
 
 
+def spacer(plan: Plan) -> Step:
+    """An empty step (a task that runs ``true``), to take a step id; see
+    `slurmddp.supervisor.supervise.Supervisor._explain_the_last_run`."""
+    return Step(("srun", "--nodes=1", "--ntasks=1", "--quiet", *_cpus(plan), "true"))
+
+
 def _srun(plan: Plan, rank_log: str, *tasks: str) -> tuple[str, ...]:
     # Elastic: a node's end ends neither the step nor the job; the other agents re-rendezvous.
     ending = ("--kill-on-bad-exit=0", "--no-kill") if plan.elastic else ("--kill-on-bad-exit=1",)

@@ -23,7 +23,7 @@ from pathlib import Path
 from slurmddp import protocol
 from slurmddp.story import events
 from slurmddp.supervisor import fence
-from slurmddp.supervisor.launchers import LAUNCHERS, Run, Step, preflight
+from slurmddp.supervisor.launchers import LAUNCHERS, Run, Step, preflight, spacer
 from slurmddp.supervisor.plan import Plan
 
 # The signal with which the supervisor tells the batch shell it listens: nothing else sends it.
@@ -42,6 +42,7 @@ class Supervisor:
         self.stop_file: Path | None = None  # set once an earlier run's is removed
         self._step: subprocess.Popen[bytes] | None = None
         self._step_started = 0.0
+        self._spacers = 0  # empty steps to run first (`_explain_the_last_run`)
 
     def listen(self) -> None:
         """Take the stop signal and TERM from now on."""
@@ -68,6 +69,12 @@ class Supervisor:
                      f"({type(e).__name__}: {e})")  # fmt: skip
         events.emit("run", self.environ, nodes=nodelist, job=run.job_id)
         batch_log, log_start = _log_position()
+        for _ in range(self._spacers):
+            try:
+                subprocess.run(spacer(self.plan).argv, stdin=subprocess.DEVNULL, timeout=120,
+                               check=False)  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _say(f"an empty step failed ({type(e).__name__}: {e})")
         status = preflight_status = None
         if self.received:
             _say(f"{' '.join(self.received)} came before the step started: not starting it")
@@ -115,6 +122,17 @@ class Supervisor:
         line = (f"run {run.restart} on {last or 'its nodes'} ended without a decision: {why}; "
                 f"requeued by {by}")
         _say(line)
+        if lost:
+            # Once back, a lost node's step daemon reports the end of the last run's step, by its
+            # id: the step ids count from 0 again in each run, and Slurm (24.11, after a requeue
+            # by `scontrol requeue`: an elastic job's agent's, launch.stranded) took the report
+            # for this run's step of that id and cancelled it. So the ids the last run's steps
+            # of the supervisor had (the preflight's, the step's: the setup lines' are the same
+            # in both runs, and long done) go to empty steps first.
+            self._spacers = 2 if self.plan.preflight else 1
+            _say(f"{', '.join(lost)} may report the end of run {run.restart}'s step once back, "
+                 "which Slurm would take for this run's step of the same id: "
+                 f"{self._spacers} empty step{'s' if self._spacers > 1 else ''} first")
         _, allowed = decision.requeue_budget(self.environ)
         events.emit("decision", self.environ, run=run.restart - 1, action="requeue", status=None,
                     cause=cause, left_behind=",".join(lost), lines=[line],

@@ -162,7 +162,10 @@ def test_a_run_slurm_took_the_job_from_is_named_by_the_next(tmp_path, monkeypatc
     assert asked == [("show", "node", "-o", "n[1-2]")]  # one call, for the last run's nodes
     said = ("slurmddp: run 1 on n[1-2] ended without a decision: Slurm lost n1 (not responding: "
             "the machine, its slurmd or its link); requeued by Slurm")
-    assert capsys.readouterr().err.splitlines() == [said]
+    empty = ("slurmddp: n1 may report the end of run 1's step once back, which Slurm would take "
+             "for this run's step of the same id: 1 empty step first")
+    assert capsys.readouterr().err.splitlines() == [said, empty]
+    assert supervisor._spacers == 1
     decision = json.loads(told.read_text().splitlines()[-1])
     want = {"kind": "decision", "run": 0, "action": "requeue", "cause": "node lost: n1",
             "left_behind": "n1", "requeue": 1, "allowed": 3}
@@ -174,4 +177,20 @@ def test_a_run_slurm_took_the_job_from_is_named_by_the_next(tmp_path, monkeypatc
                     '{"t": 3, "kind": "agent", "run": 0, "host": "n2", "requeued": true}\n')
     supervisor._explain_the_last_run(Run.of(environ))
     assert capsys.readouterr().err.splitlines() == [
-        said.replace("requeued by Slurm", "requeued by the agent on n2")]
+        said.replace("requeued by Slurm", "requeued by the agent on n2"), empty]
+    # With a preflight, the last run had two steps of the supervisor's: two empty steps.
+    told.write_text('{"t": 1, "kind": "run", "run": 0, "nodes": "n[1-2]"}\n')
+    supervisor = Supervisor(Plan(launcher="srun", python="python", target=("t.py",),
+                                 log_root=str(tmp_path), preflight=True), environ)  # fmt: skip
+    supervisor._explain_the_last_run(Run.of(environ))
+    assert supervisor._spacers == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        empty.replace("1 empty step", "2 empty steps"))
+
+
+def test_an_empty_step_takes_a_step_id_on_one_node():
+    from slurmddp.supervisor.launchers import spacer
+    from slurmddp.supervisor.plan import Plan
+
+    plan = Plan(launcher="srun", python="python", target=("t.py",), log_root="/x", cpus_per_task=4)
+    assert spacer(plan).argv == ("srun", "--nodes=1", "--ntasks=1", "--quiet",
+                                 "--cpus-per-task=4", "true")  # fmt: skip

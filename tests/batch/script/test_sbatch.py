@@ -478,6 +478,7 @@ shown=$RESTARTS_SHOWN
 if [[ -e $CALLS.requeued ]]; then shown=${RESTARTS_AFTER_REQUEUE:-$shown}; fi
 case $1 in
     show) if [[ $2 == partition ]]; then echo "PartitionName=$3 TotalNodes=4"
+          elif [[ $2 == node ]]; then echo "${SHOW_NODE:-}"
           else echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=$shown $SHOW_JOB"; fi ;;
     requeue) : >"$CALLS.requeued"
              kill -TERM "$PPID"  # as Slurm's requeue does, to the batch shell and all it runs
@@ -596,6 +597,28 @@ def test_a_step_that_ends_without_asking_is_done_and_never_runs_again(tmp_path):
     assert "finished its work in an earlier run: not run again" in r.stdout
 
 
+def test_after_a_run_whose_node_slurm_lost_empty_steps_take_its_step_ids_first(tmp_path):
+    # Run 1 of the job left no decision: Slurm lost its node n1 and requeued it. n1's step daemon
+    # may report the end of run 1's step 0 once back, which Slurm would take for this run's step
+    # 0: an empty step takes that id first.
+    (tmp_path / "out" / "7").mkdir(parents=True)
+    (tmp_path / "out" / "7" / "events.jsonl").write_text(
+        '{"t": 1, "kind": "run", "run": 0, "nodes": "n1"}\n')
+    r, _, recorded = run_decision(tmp_path, {
+        "SLURM_RESTART_COUNT": "1", "SHOW_NODE": "NodeName=n1 State=DOWN+NOT_RESPONDING x=y"})
+    assert (r.returncode, recorded) == (0, ["empty step", "step"]), r.stderr
+    assert ("slurmddp: n1 may report the end of run 1's step once back, which Slurm would take "
+            "for this run's step of the same id: 1 empty step first") in r.stderr, r.stderr
+    # A node that answers: nothing to take.
+    tmp_path = tmp_path / "answering"
+    (tmp_path / "out" / "7").mkdir(parents=True)
+    (tmp_path / "out" / "7" / "events.jsonl").write_text(
+        '{"t": 1, "kind": "run", "run": 0, "nodes": "n1"}\n')
+    r, _, recorded = run_decision(tmp_path, {
+        "SLURM_RESTART_COUNT": "1", "SHOW_NODE": "NodeName=n1 State=IDLE x=y"})
+    assert (r.returncode, recorded) == (0, ["step"]), r.stderr
+
+
 def test_a_failed_step_is_not_requeued_and_keeps_its_status(tmp_path):
     r, out, recorded = run_decision(tmp_path, {"STEP_STATUS": "3"})
     assert (r.returncode, recorded) == (3, ["step"]), r.stderr
@@ -673,6 +696,9 @@ def run_decision(tmp_path: Path, env: dict[str, str]):
             (bin_dir / name).write_text(body)
             (bin_dir / name).chmod(0o755)
         stand_in(bin_dir / "step", DECISION_STEP)
+        # An empty step's task (srun's stand-in runs what follows its options).
+        (bin_dir / "true").write_text('#!/bin/bash\necho "empty step" >> "$CALLS"\n')
+        (bin_dir / "true").chmod(0o755)
     calls = tmp_path / "calls"
     calls.unlink(missing_ok=True)
     Path(f"{calls}.requeued").unlink(missing_ok=True)
