@@ -216,7 +216,12 @@ def start(environ: Mapping[str, str], endpoint: str, say: Callable[[str, bool], 
     address = network.resolve(name)
     if address is None:
         return None
-    thread = threading.Thread(target=watch, args=(environ, address, int(port), say),
-                              name="slurmddp-batch-host", daemon=True)  # fmt: skip
+    def run() -> None:
+        try:
+            watch(environ, address, int(port), say)
+        except Exception as e:  # the training goes on without the watch: said, not a traceback
+            say(f"the watch of torchrun's rendezvous ended ({type(e).__name__}: {e})", False)
+
+    thread = threading.Thread(target=run, name="slurmddp-batch-host", daemon=True)
     thread.start()
     return thread

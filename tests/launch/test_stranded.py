@@ -278,6 +278,20 @@ def test_the_watcher_starts_only_for_a_watchers_agent_in_a_slurm_job(monkeypatch
     assert started == [(ENV, "10.77.0.1", 29400, say)]
 
 
+def test_a_watch_that_fails_says_so_in_a_line_and_ends(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no scontrol here")
+
+    monkeypatch.setattr(stranded, "watch", broken)
+    monkeypatch.setattr(network, "resolve", lambda name: "10.77.0.1")
+    said: list[tuple[str, bool]] = []
+    thread = stranded.start(ENV, "n1:29400", lambda line, requeued: said.append((line, requeued)))
+    assert thread is not None
+    thread.join(60)
+    assert said == [("the watch of torchrun's rendezvous ended (RuntimeError: no scontrol here)",
+                     False)]  # fmt: skip
+
+
 @pytest.fixture(autouse=True)
 def _no_turn_left_taken():
     yield
