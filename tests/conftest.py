@@ -165,7 +165,13 @@ class Cluster:
     etcd: str  # HOST:PORT of the cluster's etcd (v2 API on)
     state_dir: Path  # scripts/slurm-cluster's: configs, logs, the daemons' pid files in run/
     node_netns: str  # a node's network namespace, "{node}" in it: each node is a host of its own
+    host_addr: str  # where the nodes reach the cluster's daemons (this host, on their bridge)
+    hosts: dict[str, str]  # what a node name (n1) or its management name (n1-mgmt) resolves to
     version: str = SLURM_VERSION
+
+    def address(self, name: str) -> str:
+        """The address `name` (n1, n1-mgmt) resolves to on the cluster's nodes."""
+        return self.hosts[name]
 
     def env(self, **extra: str) -> dict[str, str]:
         return launcher_free_env(SLURM_CONF=self.slurm_conf, PATH=self.path) | extra
@@ -183,6 +189,18 @@ class Cluster:
 
     def srun(self, srun_args: list[str], command: list[str], **kw) -> subprocess.CompletedProcess:
         return self.run(["srun", "--kill-on-bad-exit=1", *srun_args, *command], **kw)
+
+    @contextlib.contextmanager
+    def link_cut(self, node: str) -> Iterator[None]:
+        """`node`'s data link (eth1: its name's address, the other nodes, slurmctld) down for the
+        block, then up again; its processes live on. This cluster's alone: each Slurm version's
+        nodes have network namespaces of their own."""
+        ns = Path(self.node_netns.format(node=node)).name
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "down"], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "up"], check=True)
 
     @contextlib.contextmanager
     def variant(self, name: str) -> Iterator[None]:
@@ -236,24 +254,29 @@ def slurm_cluster() -> Cluster:
     up = subprocess.run([str(CLUSTER_SCRIPT), "up"], capture_output=True, text=True, timeout=900)
     if up.returncode != 0:
         pytest.fail(f"the local Slurm cluster did not come up:\n{up.stdout}\n{up.stderr}")
-    conf, path, etcd, state_dir, ports, netns = cluster_env()
+    shown = cluster_env()
     # The clusters share this host with each other and with jobs outside them (scripts/test runs
     # a pass on each at once), so a job whose derived port met another's, or a daemon's, would
     # fail to listen: each cluster's jobs take theirs from a range of its own.
-    os.environ.setdefault(PORT_RANGE_VAR, ports)
-    return Cluster(conf, path, etcd, state_dir, netns)
+    os.environ.setdefault(PORT_RANGE_VAR, shown[PORT_RANGE_VAR])
+    hosts = dict(pair.split("=", 1) for pair in shown["SLURMDDP_TEST_HOSTS"].split())
+    return Cluster(shown["SLURM_CONF"], shown["PATH"], shown["SLURMDDP_TEST_ETCD"],
+                   Path(shown["SLURMDDP_TEST_CLUSTER_DIR"]), shown["SLURMDDP_TEST_NODE_NETNS"],
+                   shown["SLURMDDP_TEST_HOST_ADDR"], hosts)  # fmt: skip
 
 
-def cluster_env() -> tuple[str, str, str, Path, str, str]:
-    """SLURM_CONF, PATH, the etcd endpoint, the state directory, the range of its jobs' ports and
-    the path of a node's network namespace (``{node}`` in it), from `scripts/slurm-cluster env`."""
-    shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf '
-                            '"%s\\n%s\\n%s\\n%s\\n%s\\n%s" "$SLURM_CONF" "$SLURMDDP_TEST_ETCD" '
-                            f'"$SLURMDDP_TEST_CLUSTER_DIR" "${PORT_RANGE_VAR}" '
-                            '"$SLURMDDP_TEST_NODE_NETNS" "$PATH"'],
+CLUSTER_ENV = ("SLURM_CONF", "SLURMDDP_TEST_ETCD", "SLURMDDP_TEST_CLUSTER_DIR", PORT_RANGE_VAR,
+               "SLURMDDP_TEST_NODE_NETNS", "SLURMDDP_TEST_HOST_ADDR", "SLURMDDP_TEST_HOSTS", "PATH")
+
+
+def cluster_env() -> dict[str, str]:
+    """The variables of `scripts/slurm-cluster env` (CLUSTER_ENV): SLURM_CONF, PATH, the etcd
+    endpoint, the state directory, the range of its jobs' ports, the path of a node's network
+    namespace (``{node}`` in it), this host's address on the nodes' network and their names'."""
+    shown = subprocess.run(["bash", "-c", f'eval "$({CLUSTER_SCRIPT} env)" && printf "%s\\n" '
+                            + " ".join(f'"${name}"' for name in CLUSTER_ENV)],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
-    conf, etcd, state_dir, ports, netns, path = shown.split("\n", 5)
-    return conf, path, etcd, Path(state_dir), ports, netns
+    return dict(zip(CLUSTER_ENV, shown.split("\n"), strict=False))
 
 
 # -- a cluster test leaves the cluster as it found it ---------------------------------------------

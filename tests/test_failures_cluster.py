@@ -463,7 +463,8 @@ def test_the_preflight_names_a_master_no_other_node_reaches_in_seconds(slurm_clu
     batch, ranks = logs(job)
     assert end["State"] == "FAILED", batch
     assert ("slurmddp: the first failure a rank reported: rank 1 (host n2) failed: StartupError: "
-            "rank 1 (n2) cannot reach MASTER_ADDR n1-mgmt (10.78.1.1): no route to it.") in batch
+            f"rank 1 (n2) cannot reach MASTER_ADDR n1-mgmt ({slurm_cluster.address('n1-mgmt')}): "
+            "no route to it.") in batch
     assert "the preflight failed" in batch and not ranks, batch  # no training step started
     assert ended_at(job, end) - t0 < 120, batch  # seconds: not the 900 s start-up timeout
 

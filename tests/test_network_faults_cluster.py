@@ -15,18 +15,18 @@ was back, the next run's step of the same id, and the recovered job failed.
 
 Under torchrun with a spare node, another node cut off is replaced in place by the spare (the
 agents' rendezvous goes on without it), and its return, its worker failing on the connection it
-lost, changes nothing.
+lost, changes nothing. Cut off for good, with no spare or under snapshots:
+tests/test_elastic_cluster.py and tests/checkpoint/test_snapshots_cluster.py.
+
+Each Slurm version's nodes have network namespaces of their own, so a cut is its cluster's alone
+and these tests run in the full run's passes beside the other versions'.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -40,18 +40,6 @@ from tests.preemption.test_preemption_cluster import Job, train_args
 pytestmark = pytest.mark.cluster
 
 
-@contextlib.contextmanager
-def link_cut(cluster, node: str) -> Iterator[None]:
-    """`node`'s data link (eth1: its name's address, the other nodes, slurmctld) down for the
-    block, then up again."""
-    ns = Path(cluster.node_netns.format(node=node)).name
-    subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "down"], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "up"], check=True)
-
-
 def node_state(cluster, node: str) -> str:
     return cluster.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"]).stdout.split()[0]
 
@@ -61,41 +49,40 @@ def test_the_fence_finds_the_controller_and_its_route_on_every_version(slurm_clu
     config = slurm_cluster.run(["scontrol", "show", "config"]).stdout
     where = fence.controller(config)
     assert where is not None and where.slurmd_timeout_s == 60, config
-    assert fence.addresses(where) == ("10.77.0.254",), where
+    assert fence.addresses(where) == (slurm_cluster.host_addr,), where
     inside = slurm_cluster.run([*slurm_cluster.on_node("n2"), "python3", "-c",
                                 "import socket; s = socket.socket(socket.AF_INET, "
-                                "socket.SOCK_DGRAM); s.connect(('10.77.0.254', 9)); "
+                                f"socket.SOCK_DGRAM); s.connect(('{slurm_cluster.host_addr}', 9)); "
                                 "print(s.getsockname()[0])"])  # fmt: skip
-    assert inside.stdout.strip() == "10.77.0.2", inside.stderr  # n2's route to it: its eth1
+    # n2's route to it: its eth1
+    assert inside.stdout.strip() == slurm_cluster.address("n2"), inside.stderr
     states = slurm.show_nodes("n[1-2]")  # what the next run reads of a lost node
     assert sorted(states) == ["n1", "n2"] and all(re.fullmatch(r"[A-Z_+]+", s)
                                                   for s in states.values()), states  # fmt: skip
 
 
-# Not in scripts/test's full run (`alone`): the three versions' nodes share their namespaces, so a
-# cut link cut every pass's node (22.05's srun to it failed meanwhile), and another pass's
-# `slurm-cluster up` set it up again mid-test (fresh run 28). Run by itself:
-# SLURMDDP_SLURM=24.11 scripts/test -m alone. 24.11: the fence and the next run's words are
-# slurmddp's; what Slurm does to a node that stops answering is the dead slurmd's test's.
-# Under torchrun with a spare, the batch host also holds the agents' c10d rendezvous: the other
-# agents wait on it, silent, with no bound, and Slurm keeps the --no-kill job without its script;
-# another node's agent, whose watcher found the rendezvous silent, requeues it once Slurm marks the
-# host lost (slurmddp.launch.stranded).
+# The fence and the next run's words are slurmddp's; what Slurm does to a node that stops
+# answering is the dead slurmd's test's. Under srun on 26.05, under torchrun on 24.11 (each
+# version's nodes are hosts of their own: a cut is its cluster's alone). Under torchrun with a
+# spare, the batch host also holds the agents' c10d rendezvous: the other agents wait on it,
+# silent, with no bound, and Slurm keeps the --no-kill job without its script; another node's
+# agent, whose watcher found the rendezvous silent, requeues it once Slurm marks the host lost
+# (slurmddp.launch.stranded).
 TORCHRUN_SPARE = ["--launcher", "torchrun", "--spare-nodes", "1", "--max-restarts", "3"]
 
 
-@pytest.mark.alone
-@pytest.mark.slurm("24.11")
-@pytest.mark.parametrize("launcher", [[], TORCHRUN_SPARE], ids=["srun", "torchrun-spare"])
+@pytest.mark.parametrize("launcher", [
+    pytest.param([], id="srun", marks=pytest.mark.slurm("26.05")),
+    pytest.param(TORCHRUN_SPARE, id="torchrun-spare", marks=pytest.mark.slurm("24.11"))])
 def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_bitwise(
         slurm_cluster, tmp_path, reference_digest_2x1, launcher):  # fmt: skip
     from tests.test_elastic_cluster import node_logs
 
-    # Run 1's steps take longer (a minute for the 240 left), so that the link comes back while it
-    # trains.
+    # Run 1's steps take longer (half a minute for the 240 left), so that the link comes back
+    # while it trains.
     job = Job(slurm_cluster, tmp_path, [
         *launcher, *train_args(tmp_path / "ckpt", steps=300, step_time=0.1, per_node=1),
-        "--save-every", "20", "--requeued-step-time", "0.25"])  # fmt: skip
+        "--save-every", "20", "--requeued-step-time", "0.15"])  # fmt: skip
 
     def log() -> str:  # rank 0's, tagged "[0/2] " by torchrun
         return "".join(node_logs(job).values()) if launcher else job.log()
@@ -107,7 +94,7 @@ def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_b
     logged(r"step 60 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = nodes[0]
-    with link_cut(slurm_cluster, lost):
+    with slurm_cluster.link_cut(lost):
         start = time.time()
         job.wait_requeued(1, timeout=150)
         logged(r"resumed from \S+ at step \d+[^\n]*\n(\[\d+/\d+\] )?step \d+ ", 120)
@@ -152,12 +139,11 @@ def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_b
     assert {x["restart"] for x in results} == {1}
 
 
-# Not in the full run either (`alone`, as above). torchrun's agents with a spare: a node cut off
-# (not the first: its agent holds the c10d rendezvous) for less than SlurmdTimeout, so that
-# Slurm never notices and the cut node's agent and worker, alive all along, come back to a
-# rendezvous that went on without them.
-@pytest.mark.alone
-@pytest.mark.slurm("24.11")
+# torchrun's agents with a spare: a node cut off (not the first: its agent holds the c10d
+# rendezvous) for less than SlurmdTimeout, so that Slurm never notices and the cut node's agent
+# and worker, alive all along, come back to a rendezvous that went on without them. On 22.05 (the
+# other versions' passes have the batch host's cuts).
+@pytest.mark.slurm("22.05")
 def test_a_node_cut_off_under_a_spare_is_replaced_in_place_and_its_return_changes_nothing(
         slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
     from tests.test_elastic_cluster import (  # its helpers; its module's marks stay there
@@ -175,7 +161,7 @@ def test_a_node_cut_off_under_a_spare_is_replaced_in_place_and_its_return_change
     wait_logged(job, "step 60 ", 180)
     nodes = hostlist.expand(job.fields()["NodeList"])
     lost = next(node for node in nodes[1:] if workers_on(job, node))
-    with link_cut(slurm_cluster, lost):
+    with slurm_cluster.link_cut(lost):
         start = time.time()
         wait_logged(job, "resumed from ", 120)
         back = time.time() - start
@@ -189,40 +175,3 @@ def test_a_node_cut_off_under_a_spare_is_replaced_in_place_and_its_return_change
     # The cut node's return did not restart the workers again: one resume, the cut's.
     assert logs.count("resumed from ") == 1, logs
     assert len(re.findall(r"step \d+ ", logs)) > steps_at_return
-
-
-# Not in the full run either (`alone`). The same cut under snapshots, a rank a node: the spare's
-# rank fetches the cut node's shard from its replica on another node (the cut node's store, alive
-# and holding it, is out of reach), and the run resumes in place from the last snapshot.
-@pytest.mark.alone
-@pytest.mark.slurm("24.11")
-def test_a_node_cut_off_under_snapshots_is_replaced_from_its_replica_in_place(
-        slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
-    from tests.checkpoint.test_snapshots_cluster import (
-        EVERY_STEP,
-        last_step_before_recovery,
-        resumed_at,
-        spare_job,
-    )
-    from tests.test_elastic_cluster import assert_bitwise, node_logs, wait_logged, workers_on
-
-    job = spare_job(slurm_cluster, tmp_path, *EVERY_STEP, per_node=1)
-    wait_logged(job, "] step 60 ", 180)
-    nodes = hostlist.expand(job.fields()["NodeList"])
-    lost = next(node for node in nodes[1:] if workers_on(job, node))
-    with link_cut(slurm_cluster, lost):
-        start = time.time()
-        wait_logged(job, "resuming from the snapshot", 120)
-        back = time.time() - start
-        before = last_step_before_recovery(job)
-        time.sleep(max(0.0, 40 - (time.time() - start)))  # under SlurmdTimeout (60 s)
-    end = job.wait_end(timeout=300)
-    logs = "".join(node_logs(job).values())
-    (at,) = resumed_at(logs)
-    print(f"{lost}'s link cut at step {before} -> resumed in place from the snapshot of step {at} "
-          f"in {back:.1f} s")
-    # A snapshot every step: at most the one being taken is lost, and the one before it.
-    assert before - at <= 2, (before, at)
-    assert "1 of 2 shards fetched from peers" in logs, logs  # the spare's, from the replica
-    assert end["JobState"] == "COMPLETED" and end["Restarts"] == "0", job.batch_log + logs
-    assert_bitwise(logs, reference_digest_2x1, ranks=2)

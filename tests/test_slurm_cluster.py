@@ -40,7 +40,7 @@ print(json.dumps({
     "resolved": socket.gethostbyname(socket.gethostname()), "interfaces": interfaces,
     "addresses": {name: address(name) for name in interfaces},
     "data": {n: dial(socket.gethostbyname(n)) for n in others},
-    "management": {n: dial("10.78.%s.1" % n[1:]) for n in others},
+    "management": {n: dial(socket.gethostbyname(n + "-mgmt")) for n in others},
 }))
 """
 
@@ -56,8 +56,8 @@ def test_each_node_is_a_host_with_its_own_address_and_a_network_that_only_one_in
     assert sorted(seen) == ["n1", "n2", "n3", "n4"], r.stdout
     for node, s in seen.items():
         assert s["hostname"] == node and s["interfaces"] == ["eth0", "eth1"], s
-        assert s["resolved"] == s["addresses"]["eth1"] == f"10.77.0.{node[1]}", s
-        assert s["addresses"]["eth0"] == f"10.78.{node[1]}.1", s
+        assert s["resolved"] == s["addresses"]["eth1"] == slurm_cluster.address(node), s
+        assert s["addresses"]["eth0"] == slurm_cluster.address(f"{node}-mgmt"), s
         assert set(s["data"].values()) == {"refused"}, s  # reached: the host answered
         assert set(s["management"].values()) == {"ENETUNREACH"}, s
     assert len({s["resolved"] for s in seen.values()}) == 4

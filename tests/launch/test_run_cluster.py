@@ -206,16 +206,19 @@ def test_doctor_names_the_interface_each_library_takes_and_which_one_reaches_mas
     for shown in told():
         net, node = shown["network"], shown["host"]
         assert [i["name"] for i in net["interfaces"]] == ["lo", "eth0", "eth1"], net
-        assert net["master"] == {"name": "n1", "address": "10.77.0.1", "through": "eth1"}, net
+        assert net["master"] == {"name": "n1", "address": slurm_cluster.address("n1"),
+                                 "through": "eth1"}, net  # fmt: skip
         assert [(p["library"], p["interface"]) for p in net["picks"]] == [("gloo", "eth1"),
                                                                         ("NCCL", "eth0")]
         assert net["concerns"] == [
-            f"NCCL would use eth0 (10.78.{node[1]}.1; NCCL's default: ib*, else the first but lo "
-            f"and docker*), but MASTER_ADDR n1 is reached through eth1 (10.77.0.{node[1]}): if "
+            f"NCCL would use eth0 ({slurm_cluster.address(node + '-mgmt')}; NCCL's default: ib*, "
+            "else the first but lo and docker*), but MASTER_ADDR n1 is reached through eth1 "
+            f"({slurm_cluster.address(node)}): if "
             "its collectives hang, set NCCL_SOCKET_IFNAME=eth1 (submit --env, or a profile's env)"]
     for shown in told("NCCL_SOCKET_IFNAME=eth1", "GLOO_SOCKET_IFNAME=eth0"):
         (line,) = shown["network"]["concerns"]
-        assert line.startswith("gloo would use eth0 (10.78.") and line.endswith(
+        mgmt = slurm_cluster.address(shown["host"] + "-mgmt")
+        assert line.startswith(f"gloo would use eth0 ({mgmt};") and line.endswith(
             "set GLOO_SOCKET_IFNAME=eth1 (submit --env, or a profile's env)"), line
 
 
@@ -226,7 +229,7 @@ WRONG_INTERFACE = "GLOO_SOCKET_IFNAME=eth0"
 NO_TIMEOUT = "SLURMDDP_STARTUP_TIMEOUT=900"
 FAILS_WITHIN_S = 120  # the promise: seconds (the start of two ranks on a loaded machine), not 900
 NO_ROUTE = re.compile(
-    r"rank [01] \(n[12]\) cannot reach rank [01] \(n[12]\) at 10\.78\.[12]\.1, its eth0, where "
+    r"rank [01] \(n[12]\) cannot reach rank [01] \(n[12]\) at 10\.78\.\d?[12]\.1, its eth0, where "
     r"gloo will connect to it \(GLOO_SOCKET_IFNAME=eth0\): no route to it; set "
     r"GLOO_SOCKET_IFNAME to an interface every node reaches the others on \(MASTER_ADDR n1 is "
     r"reached through eth1 here\)")  # fmt: skip
@@ -279,11 +282,13 @@ def test_a_master_no_other_node_can_reach_fails_in_seconds_in_one_line(
                               "SLURMDDP_MASTER_HOST_FORMAT={host}-mgmt", torchrun)  # fmt: skip
     if launcher == "torchrun":
         assert (f"slurmddp: agent (host n2): cannot reach torchrun's rendezvous at n1-mgmt:{port} "
-                "(10.78.1.1): no route to it; give --rdzv-endpoint a name of the first node on a "
+                f"({slurm_cluster.address('n1-mgmt')}): no route to it; give --rdzv-endpoint a "
+                "name of the first node on a "
                 "network every node reaches") in said, said
     else:
-        assert ("rank 1 (n2) cannot reach MASTER_ADDR n1-mgmt (10.78.1.1): no route to it. It "
-                "must name the first node on a network every node reaches") in said, said
+        assert (f"rank 1 (n2) cannot reach MASTER_ADDR n1-mgmt ({slurm_cluster.address('n1-mgmt')})"
+                ": no route to it. It must name the first node on a network every node reaches"
+                ) in said, said
     assert took < FAILS_WITHIN_S, said
 
 
