@@ -18,8 +18,8 @@ agents' rendezvous goes on without it), and its return, its worker failing on th
 lost, changes nothing. Cut off for good, with no spare or under snapshots:
 tests/test_elastic_cluster.py and tests/checkpoint/test_snapshots_cluster.py.
 
-Each Slurm version's nodes have network namespaces of their own, so a cut is its cluster's alone
-and these tests run in the full run's passes beside the other versions'.
+Each cluster's nodes have network namespaces of their own, so a cut is its cluster's alone: the
+full run gives these tests (marked `faults`) a cluster of their own, beside the three versions'.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def test_the_fence_finds_the_controller_and_its_route_on_every_version(slurm_clu
 
 
 # The fence and the next run's words are slurmddp's; what Slurm does to a node that stops
-# answering is the dead slurmd's test's. Under srun on 26.05, under torchrun on 24.11 (each
-# version's nodes are hosts of their own: a cut is its cluster's alone). Under torchrun with a
+# answering is the dead slurmd's test's. `faults`: the full run gives these a cluster of their own
+# (22.05's Slurm, a network of its own) and a chain beside the others, as they mostly wait on
+# Slurm's SlurmdTimeout (docs/developers/testing.md). Under torchrun with a
 # spare, the batch host also holds the agents' c10d rendezvous: the other agents wait on it,
 # silent, with no bound, and Slurm keeps the --no-kill job without its script; another node's
 # agent, whose watcher found the rendezvous silent, requeues it once Slurm marks the host lost
@@ -71,9 +72,8 @@ def test_the_fence_finds_the_controller_and_its_route_on_every_version(slurm_clu
 TORCHRUN_SPARE = ["--launcher", "torchrun", "--spare-nodes", "1", "--max-restarts", "3"]
 
 
-@pytest.mark.parametrize("launcher", [
-    pytest.param([], id="srun", marks=pytest.mark.slurm("26.05")),
-    pytest.param(TORCHRUN_SPARE, id="torchrun-spare", marks=pytest.mark.slurm("24.11"))])
+@pytest.mark.faults
+@pytest.mark.parametrize("launcher", [[], TORCHRUN_SPARE], ids=["srun", "torchrun-spare"])
 def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_bitwise(
         slurm_cluster, tmp_path, reference_digest_2x1, launcher):  # fmt: skip
     from tests.test_elastic_cluster import node_logs
@@ -141,9 +141,8 @@ def test_a_batch_host_cut_off_mid_training_is_fenced_named_and_the_job_resumes_b
 
 # torchrun's agents with a spare: a node cut off (not the first: its agent holds the c10d
 # rendezvous) for less than SlurmdTimeout, so that Slurm never notices and the cut node's agent
-# and worker, alive all along, come back to a rendezvous that went on without them. On 22.05 (the
-# other versions' passes have the batch host's cuts).
-@pytest.mark.slurm("22.05")
+# and worker, alive all along, come back to a rendezvous that went on without them.
+@pytest.mark.faults
 def test_a_node_cut_off_under_a_spare_is_replaced_in_place_and_its_return_changes_nothing(
         slurm_cluster, tmp_path, reference_digest_2x1):  # fmt: skip
     from tests.test_elastic_cluster import (  # its helpers; its module's marks stay there
