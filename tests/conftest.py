@@ -193,8 +193,8 @@ class Cluster:
     @contextlib.contextmanager
     def link_cut(self, node: str) -> Iterator[None]:
         """`node`'s data link (eth1: its name's address, the other nodes, slurmctld) down for the
-        block, then up again; its processes live on. This cluster's alone: each Slurm version's
-        nodes have network namespaces of their own."""
+        block, then up again; its processes live on. This cluster's alone: each cluster's nodes
+        have network namespaces of their own (scripts/slurm-cluster)."""
         ns = Path(self.node_netns.format(node=node)).name
         subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "down"], check=True)
         try:

@@ -404,7 +404,8 @@ def cut_off(job: Job, node: str) -> Iterator[None]:
                 os.kill(pid, signal.SIGKILL)
 
 
-# 26.05; the link cuts of tests/test_network_faults_cluster.py are 24.11's and 22.05's.
+# 26.05; the batch host cut off, and a node cut off under a spare for less than SlurmdTimeout:
+# tests/test_network_faults_cluster.py, on the faults' cluster.
 @pytest.mark.slurm("26.05")
 def test_a_node_cut_off_is_left_behind_in_place_without_a_spare(slurm_cluster, tmp_path):
     # The node's link goes down, its slurmd and processes alive (a cable, a switch port): no
