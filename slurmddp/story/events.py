@@ -86,13 +86,20 @@ def ended(events: list[Event]) -> bool:
     return False
 
 
+def start(told: list[Event], run: int) -> Event | None:
+    """The ``run`` event of `run`'s start (the last, where a run was told twice); None where
+    it never started."""
+    return next((e for e in reversed(told) if e.get("run") == run and e["kind"] == "run"), None)
+
+
 def undecided(told: list[Event], run: int) -> str | None:
     """The nodes `run` started on, when it left no decision: the job was taken from it (Slurm
     requeued it); None when it decided, never started, or `run` is below 0."""
-    starts = [e for e in told if e.get("run") == run and e["kind"] == "run"]
-    if run < 0 or not starts or any(e.get("run") == run and e["kind"] == "decision" for e in told):
+    started = start(told, run)
+    if run < 0 or started is None or any(e.get("run") == run and e["kind"] == "decision"
+                                         for e in told):  # fmt: skip
         return None
-    return str(starts[-1].get("nodes") or "")
+    return str(started.get("nodes") or "")
 
 
 def size(n: float) -> str:

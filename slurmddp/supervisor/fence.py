@@ -122,8 +122,30 @@ def watch(where: Controller, on_cut: Callable[[float], None]) -> threading.Threa
     return thread
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, theirs and so on, from one look at /proc (parents by ``stat``)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # After the command's name, which may hold spaces and parentheses: state, ppid.
+                ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+                children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
 def kill(pids: Iterable[int]) -> None:
-    """SIGKILL each of `pids` still there (nothing of them may act once their run is fenced)."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    """SIGKILL each of `pids` still there, all stopped first: nothing of them may act once their
+    run is fenced, nor on another's end (srun's shepherd, a child of srun, cancels the step by
+    its id once srun is gone: the id the next run's step may have)."""
+    pids = list(pids)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)

@@ -67,7 +67,7 @@ class Supervisor:
             except Exception as e:
                 _say(f"{aside.__name__.strip('_').replace('_', ' ')}: skipped "
                      f"({type(e).__name__}: {e})")  # fmt: skip
-        events.emit("run", self.environ, nodes=nodelist, job=run.job_id)
+        events.emit("run", self.environ, nodes=nodelist, job=run.job_id, spacers=self._spacers)
         batch_log, log_start = _log_position()
         for _ in range(self._spacers):
             try:
@@ -127,9 +127,11 @@ class Supervisor:
             # id: the step ids count from 0 again in each run, and Slurm (24.11, after a requeue
             # by `scontrol requeue`: an elastic job's agent's, launch.stranded) took the report
             # for this run's step of that id and cancelled it. So the ids the last run's steps
-            # of the supervisor had (the preflight's, the step's: the setup lines' are the same
-            # in both runs, and long done) go to empty steps first.
-            self._spacers = 2 if self.plan.preflight else 1
+            # of the supervisor had (its own empty steps', the preflight's, the step's: the setup
+            # lines' are the same in both runs, and long done) go to empty steps first.
+            before = (events.start(told, run.restart - 1) or {}).get("spacers")
+            before = before if type(before) is int and 0 <= before < 100 else 0  # else not ours
+            self._spacers = before + (2 if self.plan.preflight else 1)
             _say(f"{', '.join(lost)} may report the end of run {run.restart}'s step once back, "
                  "which Slurm would take for this run's step of the same id: "
                  f"{self._spacers} empty step{'s' if self._spacers > 1 else ''} first")
@@ -148,12 +150,12 @@ class Supervisor:
         node = self.environ.get("SLURMD_NODENAME", "")
 
         def fenced(seconds: float) -> None:
+            # The step's launcher and what it started (srun's shepherd among them), before any
+            # can cancel the next run's step of the same id; this node's tasks of the run.
             step = self._step
-            if step is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    step.kill()  # before it can cancel the next run's step of the same id
-            fence.kill(fence.tasks_of(run.job_id, str(run.restart), node, fence.environs(),
-                                      (os.getpid(), os.getppid())))  # fmt: skip
+            launched = [] if step is None else [step.pid, *fence.descendants(step.pid)]
+            fence.kill([*launched, *fence.tasks_of(run.job_id, str(run.restart), node,
+                                                   fence.environs(), (os.getpid(), os.getppid()))])
             _say(f"{node or 'this node'} has had no route to slurmctld ({', '.join(where.hosts)}) "
                  f"for {seconds:.0f} s, over its SlurmdTimeout ({where.slurmd_timeout_s:.0f} s): "
                  "Slurm has taken the job from it to run it again elsewhere; this run's step and "

@@ -4,9 +4,14 @@ tested on the cluster, the batch host's link taken down (tests/test_network_faul
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from slurmddp.supervisor import fence
+from tests.conftest import wait_until
 
 CONFIG = """Configuration data as of 2026-12-07T04:40:00
 AccountingStorageHost   = 10.77.0.254
@@ -71,3 +76,43 @@ def test_the_tasks_of_the_run_on_this_node_are_found_and_nothing_else():
                                             21: {k: v for k, v in task.items()
                                                  if k != "SLURM_RESTART_COUNT"}},
                           spare=()) == [20, 21]  # run 0: Slurm sets no count  # fmt: skip
+
+
+# A stand-in of srun and its shepherd: the child waits on a pipe from its parent and, once the
+# parent is gone, acts (srun's cancels the step on every node; this one writes a file).
+SHEPHERD = """
+import os, sys, time
+read, write = os.pipe()
+if os.fork() == 0:
+    os.close(write)
+    os.read(read, 1)
+    open(sys.argv[1], "w").close()
+    os._exit(0)
+os.close(read)
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_launcher_is_fenced_with_what_it_started_none_acting_on_anothers_end(tmp_path):
+    acted = tmp_path / "acted"
+    srun = subprocess.Popen([sys.executable, "-c", SHEPHERD, str(acted)], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert srun.stdout is not None and srun.stdout.readline() == "started\n"
+        shepherd = fence.descendants(srun.pid)
+        assert len(shepherd) == 1
+        fence.kill([srun.pid, *shepherd])
+        srun.wait(timeout=60)
+        # Killed while stopped: it never ran after its parent's end (then reparented, reaped).
+        wait_until(lambda: ended(shepherd[0]), 60, "the shepherd's end", interval=0.05)
+        assert not acted.exists()
+    finally:
+        srun.kill()
+
+
+def ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True

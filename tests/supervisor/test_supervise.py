@@ -185,6 +185,17 @@ def test_a_run_slurm_took_the_job_from_is_named_by_the_next(tmp_path, monkeypatc
     supervisor._explain_the_last_run(Run.of(environ))
     assert supervisor._spacers == 2 and capsys.readouterr().err.splitlines()[-1] == (
         empty.replace("1 empty step", "2 empty steps"))
+    # A node lost again: the last run had its own empty steps first (a node lost before it),
+    # and so its steps' ids came after theirs.
+    told.write_text('{"t": 1, "kind": "run", "run": 0, "nodes": "n[1-2]", "spacers": 2}\n')
+    supervisor._explain_the_last_run(Run.of(environ))
+    assert supervisor._spacers == 4 and capsys.readouterr().err.splitlines()[-1] == (
+        empty.replace("1 empty step", "4 empty steps"))
+    for spacers in ('"x"', "-1", "true", "1000"):  # not ours: as none
+        told.write_text('{"t": 1, "kind": "run", "run": 0, "nodes": "n1", "spacers": '
+                        f"{spacers}}}\n")  # fmt: skip
+        supervisor._explain_the_last_run(Run.of(environ))
+        assert supervisor._spacers == 2, spacers
 
 
 def test_an_empty_step_takes_a_step_id_on_one_node():
