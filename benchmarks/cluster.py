@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from slurmddp.checkpoint.snapshots import store
@@ -15,17 +16,36 @@ from slurmddp.protocol import PORT_RANGE_VAR
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A node's network namespace, "{node}" in it (scripts/slurm-cluster env): each node a host.
+NODE_NETNS_VAR = "SLURMDDP_TEST_NODE_NETNS"
+
+
 def cluster_env() -> dict[str, str]:
     """The environment of the local cluster's clients (started if it is not running): its
-    SLURM_CONF, the range its jobs take their ports from (the clusters share this host), and on
-    another Slurm ($SLURMDDP_SLURM) the PATH of its commands."""
+    SLURM_CONF, the range its jobs take their ports from (the clusters share this host), its
+    nodes' network namespaces (NODE_NETNS_VAR), and on another Slurm ($SLURMDDP_SLURM) the PATH
+    of its commands."""
     script = ROOT / "scripts" / "slurm-cluster"
     subprocess.run([str(script), "up"], check=True, capture_output=True)
-    shown = subprocess.run(["bash", "-c", f'eval "$({script} env)" && printf "%s\\n%s\\n%s" '
-                            f'"$SLURM_CONF" "${PORT_RANGE_VAR}" "$PATH"'], check=True,
-                           capture_output=True, text=True).stdout  # fmt: skip
-    conf, ports, path = shown.split("\n", 2)
-    return os.environ | {"SLURM_CONF": conf, PORT_RANGE_VAR: ports, "PATH": path}
+    shown = subprocess.run(["bash", "-c", f'eval "$({script} env)" && printf "%s\\n%s\\n%s\\n%s" '
+                            f'"$SLURM_CONF" "${PORT_RANGE_VAR}" "${NODE_NETNS_VAR}" "$PATH"'],
+                           check=True, capture_output=True, text=True).stdout  # fmt: skip
+    conf, ports, netns, path = shown.split("\n", 3)
+    return os.environ | {"SLURM_CONF": conf, PORT_RANGE_VAR: ports, NODE_NETNS_VAR: netns,
+                         "PATH": path}  # fmt: skip
+
+
+@contextlib.contextmanager
+def link_cut(node: str, node_netns: str) -> Iterator[None]:
+    """`node`'s data link (eth1: its name's address, the other nodes, slurmctld) down for the
+    block, then up again; its processes live on. `node_netns`: NODE_NETNS_VAR's value; each
+    cluster's nodes have namespaces of their own, so the cut is this cluster's alone."""
+    ns = Path(node_netns.format(node=node)).name
+    subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "down"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "up"], check=True)
 
 
 def job_processes(job: str, node: str, conf: str) -> dict[int, dict[str, str]]:
@@ -52,10 +72,10 @@ def job_processes(job: str, node: str, conf: str) -> dict[int, dict[str, str]]:
 def lose_node(job: str, node: str, conf: str, *, machine: bool = False,
               sig: signal.Signals = signal.SIGKILL) -> list[int]:  # fmt: skip
     """Lose `node`: SIGKILL the job's processes on it, as a GPU fault ends them (Slurm's
-    daemons live on); with `machine`, the whole machine: the node's slurmd and the job's step
-    daemons first, so that none reports the end of its tasks, then the tasks. SIGSTOP (`sig`)
-    makes it a machine gone silent (a crash, a cut link): no connection of its is reset. The
-    pids hit."""
+    daemons live on); with `machine`, the whole machine at once: the node's slurmd, the job's
+    step daemons and its tasks, all stopped before any is killed, so that none reports or acts
+    on another's end. SIGSTOP (`sig`) makes it a machine gone silent (a crash, a cut link): no
+    connection of its is reset. The pids hit."""
     tasks = job_processes(job, node, conf)
     daemons = []
     if machine:
@@ -68,6 +88,12 @@ def lose_node(job: str, node: str, conf: str, *, machine: bool = False,
                         daemons.append(int(proc.name))
                 elif comm == "slurmd" and _serves(proc, node, conf):
                     daemons.append(int(proc.name))
+    if machine and sig == signal.SIGKILL:
+        # Killed one by one, a process could act on another's end: srun's shepherd (a child of
+        # srun, Slurm's _shepherd_spawn) cancels the step on every node once srun is gone.
+        for pid in [*daemons, *tasks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
     hit = []
     for pid in [*daemons, *tasks]:
         with contextlib.suppress(ProcessLookupError):

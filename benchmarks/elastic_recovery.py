@@ -6,12 +6,13 @@ A resumable DDP training (2 nodes x 2 workers, gloo, a checkpoint every 20 steps
 ``slurmddp submit --launcher torchrun``. Once it trains, one of its nodes is lost, and the time
 is measured from that moment to the first training step again (rank 0 says it resumed):
 
-- **a machine gone silent**: its slurmd, the job's step daemon and processes on it stop at
-  once (SIGSTOP), as in a crash or a cut link: nothing resets their connections. Ours,
-  ``--spare-nodes 1 --max-restarts 3``: the other agents see its rendezvous beats stop, and with
-  the spare restart the workers from the checkpoint, in the same allocation. Baseline, the same
-  job without them (what a job had before): Slurm notices the node after SlurmdTimeout,
-  requeues the job, which waits out the credential expiry and starts again;
+- **a node cut off**: its link down (``ip link set eth1 down`` in its network namespace), its
+  slurmd and the job's processes alive, as with a cable or a switch port gone: nothing resets
+  their connections. Ours, ``--spare-nodes 1 --max-restarts 3``: the other agents see its
+  rendezvous beats stop, and with the spare restart the workers from the checkpoint, in the same
+  allocation. Baseline, the same job without them (what a job had before): Slurm notices the
+  node after SlurmdTimeout, requeues the job, which waits out the credential expiry and starts
+  again. Then the link comes back and the job's processes left there are killed;
 - **a node's processes lost** (SIGKILL; slurmd lives, as when a GPU fault ends them): ours as
   above; baseline, the requeue path at its fastest: the job requeued (``scontrol requeue``) the
   moment the node is lost, then waiting for its next run as any requeued job does.
@@ -31,15 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.cluster import ROOT, cluster_env, job_processes, lose_node
+from benchmarks.cluster import NODE_NETNS_VAR, ROOT, cluster_env, job_processes, link_cut, lose_node
 from benchmarks.preemption_turnaround import _wait
 from benchmarks.table import Row, report
 
 
 def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool,
              per_node: int = 2) -> float:  # fmt: skip
-    """Seconds from a node's loss (the whole `machine` gone silent, or the job's processes on
-    it killed) to the first training step again."""
+    """Seconds from a node's loss (the whole `machine` cut off, or the job's processes on it
+    killed) to the first training step again."""
     extra = ["--spare-nodes", "1", "--max-restarts", "3"] if elastic else []
     submitted = subprocess.run(
         [sys.executable, "-m", "slurmddp", "submit", "--json", "--partition", "debug",
@@ -48,9 +49,11 @@ def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool,
          str(ROOT / "examples" / "resumable_train.py"), "--steps", "100000", "--step-time",
          "0.05", "--log-every", "10", "--save-every", "20", "--checkpoint-dir", str(work / "ckpt")],
         env=env | {"XDG_STATE_HOME": str(work / "state")}, cwd=work, capture_output=True,
-        text=True, check=True,
-    ).stdout  # fmt: skip
-    job = re.search(r'"job_id": "(\d+)"', submitted).group(1)  # type: ignore[union-attr]
+        text=True,
+    )  # fmt: skip
+    if submitted.returncode != 0:
+        raise RuntimeError(f"slurmddp submit failed: {submitted.stderr.strip()}")
+    job = re.search(r'"job_id": "(\d+)"', submitted.stdout).group(1)  # type: ignore[union-attr]
 
     def logs() -> str:
         return "".join(p.read_text(errors="replace") for p in (work / "jobs" / job).glob("*.log"))
@@ -59,7 +62,7 @@ def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool,
         return subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
                               capture_output=True, text=True).stdout  # fmt: skip
 
-    hit: list[int] = []
+    lost = ""
     try:
         _wait(lambda: "step 40 " in logs(), 240, "training")
         nodes = subprocess.run(["scontrol", "show", "hostnames",
@@ -68,17 +71,18 @@ def one_loss(env: dict[str, str], work: Path, *, elastic: bool, machine: bool,
         # A node with workers, not the first (its agent holds the c10d rendezvous).
         lost = next(n for n in nodes[1:]
                     if any("RANK" in e for e in job_processes(job, n, env["SLURM_CONF"]).values()))
-        hit = lose_node(job, lost, env["SLURM_CONF"], machine=machine,
-                        sig=signal.SIGSTOP if machine else signal.SIGKILL)  # fmt: skip
-        lost_at = time.time()
-        if not elastic and not machine:
-            subprocess.run(["scontrol", "requeue", job], env=env, check=True)
-        _wait(lambda: "resumed from" in logs(), 400, "resumed run")
-        return time.time() - lost_at
+        with link_cut(lost, env[NODE_NETNS_VAR]) if machine else contextlib.nullcontext():
+            if not machine:
+                lose_node(job, lost, env["SLURM_CONF"])
+            lost_at = time.time()
+            if not elastic and not machine:
+                subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+            _wait(lambda: "resumed from" in logs(), 400, "resumed run")
+            return time.time() - lost_at
     finally:
         subprocess.run(["scancel", job], env=env)
-        if machine:  # the machine's processes gone, its slurmd back (the job completes on it)
-            for pid in hit:
+        if machine and lost:  # the link back: the job's processes there go, its node serves again
+            for pid in job_processes(job, lost, env["SLURM_CONF"]):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             subprocess.run([str(ROOT / "scripts" / "slurm-cluster"), "up"], env=env, check=True,
@@ -103,7 +107,7 @@ def run(repeats: int = 1, machine: bool = True, per_node: int = 2) -> list[Row]:
     rows = [Row("elastic", "node's processes lost -> training again", median[False, True],
                 median[False, False], "s", "requeued at once")]  # fmt: skip
     if machine:
-        rows.insert(0, Row("elastic", "machine silent -> first training step again",
+        rows.insert(0, Row("elastic", "node cut off -> first training step again",
                            median[True, True], median[True, False], "s", "Slurm requeues it",
                            "<= 60 s, ratio <= 0.5"))  # fmt: skip
     return rows

@@ -190,17 +190,12 @@ class Cluster:
     def srun(self, srun_args: list[str], command: list[str], **kw) -> subprocess.CompletedProcess:
         return self.run(["srun", "--kill-on-bad-exit=1", *srun_args, *command], **kw)
 
-    @contextlib.contextmanager
-    def link_cut(self, node: str) -> Iterator[None]:
-        """`node`'s data link (eth1: its name's address, the other nodes, slurmctld) down for the
-        block, then up again; its processes live on. This cluster's alone: each cluster's nodes
-        have network namespaces of their own (scripts/slurm-cluster)."""
-        ns = Path(self.node_netns.format(node=node)).name
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "down"], check=True)
-        try:
-            yield
-        finally:
-            subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "up"], check=True)
+    def link_cut(self, node: str) -> contextlib.AbstractContextManager[None]:
+        """`node`'s data link down for the block, then up again (`benchmarks.cluster.link_cut`):
+        its processes live on."""
+        from benchmarks.cluster import link_cut  # (it imports torch: not every test's cost)
+
+        return link_cut(node, self.node_netns)
 
     @contextlib.contextmanager
     def variant(self, name: str) -> Iterator[None]:
