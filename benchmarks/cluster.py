@@ -12,6 +12,7 @@ from pathlib import Path
 
 from slurmddp.checkpoint.snapshots import store
 from slurmddp.protocol import PORT_RANGE_VAR
+from slurmddp.supervisor import fence
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,7 +76,7 @@ def lose_node(job: str, node: str, conf: str, *, machine: bool = False,
     daemons live on); with `machine`, the whole machine at once: the node's slurmd, the job's
     step daemons and its tasks, all stopped before any is killed, so that none reports or acts
     on another's end. SIGSTOP (`sig`) makes it a machine gone silent (a crash, a cut link): no
-    connection of its is reset. The pids hit."""
+    connection of its is reset. The pids signalled."""
     tasks = job_processes(job, node, conf)
     daemons = []
     if machine:
@@ -88,17 +89,17 @@ def lose_node(job: str, node: str, conf: str, *, machine: bool = False,
                         daemons.append(int(proc.name))
                 elif comm == "slurmd" and _serves(proc, node, conf):
                     daemons.append(int(proc.name))
+    hit = [*daemons, *tasks]
     if machine and sig == signal.SIGKILL:
-        # Killed one by one, a process could act on another's end: srun's shepherd (a child of
-        # srun, Slurm's _shepherd_spawn) cancels the step on every node once srun is gone.
-        for pid in [*daemons, *tasks]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-    hit = []
-    for pid in [*daemons, *tasks]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-            hit.append(pid)
+        # At once, as a machine ends: killed one by one, a process would act on another's end
+        # (srun's shepherd cancels the step on every node once srun is gone); see fence.kill.
+        fence.kill(hit)
+    else:
+        for pid in list(hit):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                hit.remove(pid)
     # The node's memory goes with it: its snapshot stores, of every checkpoint directory (the
     # local nodes share one /dev/shm).
     for environ in tasks.values():

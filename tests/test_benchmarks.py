@@ -136,16 +136,17 @@ def test_goodput_reads_every_log_but_the_checkpoints(tmp_path):
     assert run.limit_min == 30  # twice the 15 minutes of undisturbed training
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
-def test_a_lost_machine_is_stopped_whole_before_any_of_its_processes_is_killed(monkeypatch, sig):
+def test_a_lost_machine_ends_at_once_and_a_silent_one_stops(monkeypatch):
     # Killed one by one, a process of the machine could act on another's end: srun's shepherd,
     # woken by srun's death, cancels the step on every node (fresh run 41's lost batch host).
-    # Two made-up tasks and signals recorded, not sent (no slurmd serves a made-up SLURM_CONF).
+    # Two made-up tasks (no slurmd serves a made-up SLURM_CONF); signals recorded, not sent.
     monkeypatch.setattr(cluster, "job_processes", lambda job, node, conf: {
         101: {"SLURM_JOB_ID": job}, 102: {"SLURM_JOB_ID": job}})  # fmt: skip
+    ended: list[list[int]] = []
+    monkeypatch.setattr(cluster.fence, "kill", ended.append)  # stopped, then killed: its test's
     sent: list[tuple[int, int]] = []
     monkeypatch.setattr(cluster.os, "kill", lambda pid, s: sent.append((pid, s)))
-    hit = cluster.lose_node("7", "n9", "/nonexistent/slurm.conf", machine=True, sig=sig)
-    assert hit == [101, 102]
-    stops = [(101, signal.SIGSTOP), (102, signal.SIGSTOP)]
-    assert sent == ([*stops, (101, sig), (102, sig)] if sig == signal.SIGKILL else stops)
+    assert cluster.lose_node("7", "n9", "/nonexistent/slurm.conf", machine=True) == [101, 102]
+    assert ended == [[101, 102]] and sent == []
+    hit = cluster.lose_node("7", "n9", "/nonexistent/slurm.conf", machine=True, sig=signal.SIGSTOP)
+    assert hit == [101, 102] and sent == [(101, signal.SIGSTOP), (102, signal.SIGSTOP)]

@@ -122,15 +122,23 @@ def watch(where: Controller, on_cut: Callable[[float], None]) -> threading.Threa
     return thread
 
 
-def descendants(pid: int) -> list[int]:
-    """`pid`'s children, theirs and so on, from one look at /proc (parents by ``stat``)."""
-    children: dict[int, list[int]] = {}
+def parents() -> dict[int, int]:
+    """{pid: its parent's pid} of every process, from one look at /proc (``stat``)."""
+    found = {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 # After the command's name, which may hold spaces and parentheses: state, ppid.
-                ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
-                children.setdefault(ppid, []).append(int(proc.name))
+                stat = (proc / "stat").read_text().rpartition(")")[2]
+                found[int(proc.name)] = int(stat.split()[1])
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, theirs and so on."""
+    children: dict[int, list[int]] = {}
+    for child, parent in parents().items():
+        children.setdefault(parent, []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -141,11 +149,23 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill(pids: Iterable[int]) -> None:
-    """SIGKILL each of `pids` still there, all stopped first: nothing of them may act once their
-    run is fenced, nor on another's end (srun's shepherd, a child of srun, cancels the step by
-    its id once srun is gone: the id the next run's step may have)."""
-    pids = list(pids)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+    """SIGKILL each of `pids` still there, all stopped first: none may act once its run is
+    fenced, nor on another's end (srun's shepherd, a child of srun, cancels the step by its id
+    once srun is gone: the id the next run's step may have). Each dies after its descendants
+    among them: a process group whose last parent outside it dies while members of it are
+    stopped is woken by the kernel (SIGHUP, then SIGCONT), an srun there among them."""
+    pids = list(dict.fromkeys(pids))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+    parent, among = parents(), set(pids)
+
+    def depth(pid: int) -> int:
+        seen = {pid}
+        while (pid := parent.get(pid, 0)) in among and pid not in seen:
+            seen.add(pid)
+        return len(seen)
+
+    for pid in sorted(pids, key=depth, reverse=True):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

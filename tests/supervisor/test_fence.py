@@ -111,6 +111,19 @@ def test_the_launcher_is_fenced_with_what_it_started_none_acting_on_anothers_end
         srun.kill()
 
 
+def test_all_are_stopped_then_each_killed_after_its_descendants(monkeypatch):
+    # Killed parents first, a process group whose last parent outside it dies with members
+    # stopped is woken by the kernel (SIGHUP, SIGCONT): srun said "got SIGCONT" and ended the
+    # step on every node (fresh run 42). 11 -> 12 -> 13, and 14 beside them.
+    monkeypatch.setattr(fence, "parents", lambda: {11: 1, 12: 11, 13: 12, 14: 1, 15: 14})
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(fence.os, "kill", lambda pid, s: sent.append((pid, s)))
+    fence.kill([11, 12, 13, 14, 11])
+    stop, kill = fence.signal.SIGSTOP, fence.signal.SIGKILL
+    assert sent == [(11, stop), (12, stop), (13, stop), (14, stop),
+                    (13, kill), (12, kill), (11, kill), (14, kill)]  # fmt: skip
+
+
 def ended(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
